@@ -1,0 +1,1 @@
+"""The HTTP layer: quart-trio routes, msgspec wire types, error mapping and OpenAPI."""

@@ -1,0 +1,1 @@
+"""Test support for users and our own suite: the fake judge, fixtures and instruments."""

@@ -1,0 +1,1 @@
+"""Shared pytest configuration: every async test runs under Trio (trio_mode in pyproject)."""
