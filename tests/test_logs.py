@@ -1,0 +1,156 @@
+"""Log line format on stderr (§9.1) and the startup lines (O-1, CF-13).
+
+Every test restores the `genrm_trio` logger so other tests' log capture is unaffected.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from genrm_trio.config import config_from_mapping
+from genrm_trio.logs import LogLineFormatter, configure_logging, startup_lines
+
+LINE = re.compile(
+    r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) genrm_trio (.*)$"
+)
+
+
+@pytest.fixture(autouse=True)
+def restore_logger() -> Iterator[None]:
+    logger = logging.getLogger("genrm_trio")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:] = saved[0]
+    logger.setLevel(saved[1])
+    logger.propagate = saved[2]
+
+
+def stderr_lines(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    return capsys.readouterr().err.splitlines()
+
+
+def test_record_is_one_line_with_time_level_and_name(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("INFO")
+    logging.getLogger("genrm_trio.runtime").info("GenRM cohort disposition=completed key='g'")
+    lines = stderr_lines(capsys)
+    assert len(lines) == 1
+    match = LINE.match(lines[0])
+    assert match is not None
+    assert match.group(1) == "INFO"
+    assert match.group(2) == "GenRM cohort disposition=completed key='g'"
+
+
+def test_timestamp_is_iso_8601_utc_with_milliseconds() -> None:
+    record = logging.LogRecord("genrm_trio.judge", logging.WARNING, __file__, 1, "x", None, None)
+    record.created = 1704164645.678  # 2024-01-02T03:04:05.678Z
+    assert LogLineFormatter().format(record) == "2024-01-02T03:04:05.678Z WARNING genrm_trio x"
+
+
+def test_configuring_twice_prints_each_record_once(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("INFO")
+    configure_logging("INFO")
+    logging.getLogger("genrm_trio").warning("once")
+    lines = stderr_lines(capsys)
+    assert len(lines) == 1
+    assert lines[0].endswith(" WARNING genrm_trio once")
+
+
+def test_level_threshold_applies_and_can_be_changed(capsys: pytest.CaptureFixture[str]) -> None:
+    logger = logging.getLogger("genrm_trio.http")
+    configure_logging("WARNING")
+    logger.info("hidden")
+    logger.warning("shown")
+    configure_logging("DEBUG")
+    logger.debug("now shown")
+    lines = stderr_lines(capsys)
+    assert [line.split(" genrm_trio ", 1)[1] for line in lines] == ["shown", "now shown"]
+    assert all(LINE.match(line) for line in lines)
+
+
+def test_records_do_not_reach_root_handlers(capsys: pytest.CaptureFixture[str]) -> None:
+    seen: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    root_handler = Collect()
+    logging.getLogger().addHandler(root_handler)
+    try:
+        configure_logging("INFO")
+        logging.getLogger("genrm_trio").info("only once")
+    finally:
+        logging.getLogger().removeHandler(root_handler)
+    assert seen == []
+    assert len(stderr_lines(capsys)) == 1
+
+
+def test_line_breaks_in_a_message_stay_on_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("INFO")
+    logging.getLogger("genrm_trio").warning("judge said:\nline two\r\n")
+    lines = stderr_lines(capsys)
+    assert len(lines) == 1
+    assert lines[0].endswith(" genrm_trio judge said:\\nline two\\r\\n")
+
+
+def test_error_with_traceback_starts_with_a_log_line(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("INFO")
+    try:
+        raise RuntimeError("evaluation broke")
+    except RuntimeError:
+        logging.getLogger("genrm_trio.runtime").exception("GenRM evaluation error")
+    lines = stderr_lines(capsys)
+    match = LINE.match(lines[0])
+    assert match is not None
+    assert match.groups() == ("ERROR", "GenRM evaluation error")
+    assert lines[1] == "Traceback (most recent call last):"
+    assert lines[-1] == "RuntimeError: evaluation broke"
+
+
+def test_unknown_level_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown log level 'info'"):
+        configure_logging("info")
+
+
+def test_startup_summary_line_names_the_judge_without_user_info() -> None:
+    config = config_from_mapping(
+        {
+            "judge_base_url": "https://alice:pw@judge.example:8443/v1/",
+            "judge_model": "genrm-7b",
+            "judge_api": "responses",
+            "num_rollouts_per_prompt": 8,
+            "comparison_strategy": "all_pairs",
+            "num_judges_per_comparison": 2,
+        }
+    )
+    summary = startup_lines(config)[0]
+    assert summary == (
+        "genrm-trio serving judge_api=responses judge=https://judge.example:8443/v1 "
+        "model=genrm-7b N=8 strategy=all_pairs passes=2"
+    )
+
+
+def test_startup_effective_configuration_has_no_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GENRM_JUDGE_API_KEY", raising=False)
+    config = config_from_mapping(
+        {
+            "judge_base_url": "http://judge:8000/v1",
+            "judge_model": "genrm",
+            "judge_api_key": "sk-very-secret",
+        }
+    )
+    lines = startup_lines(config)
+    assert len(lines) == 2
+    assert all("sk-very-secret" not in line for line in lines)
+    prefix = "effective configuration: "
+    assert lines[1].startswith(prefix)
+    effective = json.loads(lines[1][len(prefix) :])
+    assert effective["judge_api_key"] == "<set>"
+    assert effective["num_rollouts_per_prompt"] == 16
+    assert effective["cohort_result_ttl_s"] == 3600.0
+    assert "\n" not in lines[1]
