@@ -1,0 +1,93 @@
+"""The fake judge as an ASGI app (``fake_judge_app``), driven through ``httpx.ASGITransport``.
+Same routes and verdicts as the other adapters; broken connections surface as protocol errors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, MutableMapping
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+from _fake_judge_support import chat_body, chat_verdict, responses_body
+
+from genrm_trio.testing.fake_judge import FakeJudge
+from genrm_trio.testing.fake_judge_http import FakeJudgeApp, fake_judge_app
+
+
+@pytest.fixture
+def app() -> FakeJudgeApp:
+    return fake_judge_app(seed=1, model="genrm", position_bias=1)
+
+
+@pytest.fixture
+async def client(app: FakeJudgeApp) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(base_url="http://judge", transport=transport) as client:
+        yield client
+
+
+def test_app_carries_a_judge_built_from_the_keywords(app: FakeJudgeApp) -> None:
+    assert isinstance(app.judge, FakeJudge)
+    assert (app.judge.seed, app.judge.model, app.judge.position_bias) == (1, "genrm", 1.0)
+
+
+async def test_verdicts_and_routes(app: FakeJudgeApp, client: httpx.AsyncClient) -> None:
+    reply = await client.post("/v1/chat/completions", json=chat_body("[[q=3]]", "[[q=3]]"))
+    assert chat_verdict(reply.json()) == {"score_1": 4, "score_2": 3, "ranking": 2}
+    reply = await client.post("/v1/responses", json=responses_body("a", "b"))
+    assert reply.json()["status"] == "completed"
+    wrong = await client.post("/v1/chat/completions", json=chat_body("a", "b", model="x"))
+    assert wrong.status_code == 400
+    assert (await client.get("/v1/models")).json()["data"][0]["id"] == "genrm"
+    assert (await client.get("/_fake/stats")).json()["requests_total"] == 3
+    assert (await client.get("/_fake/requests?limit=2")).json()[1]["action"] == "rejected"
+    assert (await client.put("/_fake/rules", json=[{"action": "non_json"}])).status_code == 200
+    assert (await client.post("/v1/chat/completions", json=chat_body("a", "b"))).text == (
+        "<html>not json</html>"
+    )
+    assert (await client.post("/_fake/reset")).status_code == 200
+    assert app.judge.stats()["requests_total"] == 0
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+
+
+async def test_truncated_body_and_close_raise_protocol_errors(
+    app: FakeJudgeApp, client: httpx.AsyncClient
+) -> None:
+    app.judge.set_rules([{"action": "truncated_body", "times": 1}, {"action": "close"}])
+    with pytest.raises(httpx.RemoteProtocolError, match="without sending complete message body"):
+        await client.post("/v1/chat/completions", json=chat_body("a", "b"))
+    with pytest.raises(httpx.RemoteProtocolError, match="without sending a response"):
+        await client.post("/v1/chat/completions", json=chat_body("a", "b"))
+    assert app.judge.stats()["in_flight"] == 0
+
+
+async def test_hang_and_latency_end_when_the_caller_cancels(
+    app: FakeJudgeApp, client: httpx.AsyncClient, autojump_clock: trio.testing.MockClock
+) -> None:
+    app.judge.set_rules([{"action": "hang", "times": 1}, {"action": "verdict", "delay_s": 50}])
+    for _ in range(2):
+        with trio.move_on_after(10):
+            await client.post("/v1/chat/completions", json=chat_body("a", "b"))
+    assert app.judge.stats()["cancelled"] == 2
+    assert app.judge.stats()["in_flight"] == 0
+    start = trio.current_time()
+    assert (await client.post("/v1/chat/completions", json=chat_body("a", "b"))).status_code == 200
+    assert trio.current_time() - start == 50
+
+
+async def test_lifespan_startup_and_shutdown(app: FakeJudgeApp) -> None:
+    sent: list[MutableMapping[str, Any]] = []
+    messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+
+    async def receive() -> MutableMapping[str, Any]:
+        await trio.lowlevel.checkpoint()
+        return next(messages)
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        await trio.lowlevel.checkpoint()
+        sent.append(message)
+
+    await app({"type": "lifespan"}, receive, send)
+    assert sent == [{"type": "lifespan.startup.complete"}, {"type": "lifespan.shutdown.complete"}]
