@@ -1,0 +1,254 @@
+"""Splits a JSON object into its members, keeping each key's and value's exact byte span, with
+the scanning done by C decoders (msgspec; Python's json where NaN or lone surrogates appear)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Container
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+
+# A bound well below the interpreter's recursion limit, so that every accepted value can still
+# be decoded and canonicalised by recursive code running deep inside a server's stack.
+MAX_NESTING: Final = 128
+
+NOT_DECODED: Final[Any] = object()
+
+_WHITESPACE = re.compile(rb"[ \t\n\r]*+")
+_TEXT_WHITESPACE = re.compile(r"[ \t\n\r]*+")
+# A string token; possessive loops keep the match linear on any input.
+_STRING = re.compile(rb'"[^"\\]*+(?:\\[\s\S][^"\\]*+)*+"')
+_NOT_BRACKET: Final = bytes(range(256)).translate(None, b"[]{}")
+_ONE_BRACKET_KIND: Final = bytes.maketrans(b"{}", b"[]")
+_RAW_MEMBERS: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_TEXT_DECODER: Final = json.JSONDecoder()
+
+
+class JsonScanError(ValueError):
+    """The text is not one JSON object; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One member of an object: its decoded key, the byte spans of key and value as sent, and
+    the decoded value when it was asked for (``NOT_DECODED`` otherwise)."""
+
+    key: str
+    key_start: int
+    key_end: int
+    value_start: int
+    value_end: int
+    value: Any
+
+
+def split_object(
+    data: bytes, *, decode: Container[str] = (), validate: bool = True
+) -> list[Member]:
+    """The members of the JSON object ``data`` in order, duplicate keys included.
+
+    With ``validate`` the whole text must be one JSON object in UTF-8, nested at most
+    ``MAX_NESTING`` deep, or ``JsonScanError`` is raised; NaN, Infinity and -Infinity are
+    accepted inside values, and values whose key is in ``decode`` are decoded. Without
+    ``validate`` the text is trusted and only split.
+    """
+    text = None
+    if validate:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise JsonScanError(f"invalid UTF-8 at byte {exc.start}") from None
+        _check_nesting(data)
+    members = _split_standard(data)
+    if members is None:
+        if text is None:
+            return _split_lenient(data, data.decode("utf-8"), ())
+        return _split_lenient(data, text, decode)
+    if not validate:
+        return members
+    return [
+        Member(m.key, m.key_start, m.key_end, m.value_start, m.value_end, _decode_member(data, m))
+        if m.key in decode
+        else m
+        for m in members
+    ]
+
+
+def decode_value(raw: bytes | memoryview) -> Any:
+    """One JSON value, NaN, Infinity and -Infinity accepted; ``JsonScanError`` if invalid."""
+    try:
+        return msgspec.json.decode(raw)
+    except (msgspec.MsgspecError, RecursionError):
+        pass
+    # Python's decoder accepts the non-standard literals, lone surrogate escapes and
+    # out-of-range floats that msgspec refuses; it is slower, so it only runs when needed.
+    try:
+        return json.loads(str(raw, "utf-8"))
+    except RecursionError:
+        raise JsonScanError("nesting too deep") from None
+    except json.JSONDecodeError as exc:
+        raise JsonScanError(f"{exc.msg.removesuffix(' at')} at character {exc.pos}") from None
+    except ValueError as exc:  # invalid UTF-8, or an integer beyond Python's digit limit
+        raise JsonScanError(str(exc).split(";")[0]) from None
+
+
+def _split_standard(data: bytes) -> list[Member] | None:
+    """The members of a standard-JSON object, or None when msgspec cannot take the text
+    (non-standard literals, lone surrogates, syntax errors) or when a key repeats with a
+    different value; the lenient splitter then decides."""
+    try:
+        raw_values = _RAW_MEMBERS.decode(data)
+    except (msgspec.MsgspecError, RecursionError):
+        return None
+    # msgspec has validated the text; what is left is to find where each member sits. A value
+    # that is not at its key's position belongs to a later duplicate of that key.
+    members: list[Member] = []
+    pos = _skip(data, _skip(data, 0) + 1)
+    if data[pos : pos + 1] == b"}":
+        return members
+    while True:
+        key_match = _STRING.match(data, pos)
+        if key_match is None:
+            return None
+        key: str = msgspec.json.decode(key_match.group(), type=str)
+        colon = _skip(data, key_match.end())
+        value_start = _skip(data, colon + 1)
+        raw = raw_values.get(key)
+        if raw is None or not data.startswith(raw, value_start):
+            return None
+        value_end = value_start + len(raw)
+        members.append(Member(key, pos, key_match.end(), value_start, value_end, NOT_DECODED))
+        pos = _skip(data, value_end)
+        after = data[pos : pos + 1]
+        if after == b",":
+            pos = _skip(data, pos + 1)
+        elif after == b"}":
+            return members
+        else:
+            return None  # a later duplicate's number is a prefix of this one, as 1 of 12
+
+
+def _split_lenient(data: bytes, text: str, decode: Container[str]) -> list[Member]:
+    """Split with Python's decoder, which knows NaN and Infinity and reports syntax errors."""
+    # The decoder works on code points; spans are converted to bytes as the scan moves forward.
+    ascii_only = len(text) == len(data)
+    char_seen = 0
+    byte_seen = 0
+
+    def to_byte(char_pos: int) -> int:
+        nonlocal char_seen, byte_seen
+        if ascii_only:
+            return char_pos
+        byte_seen += len(text[char_seen:char_pos].encode("utf-8"))
+        char_seen = char_pos
+        return byte_seen
+
+    def fail(problem: str, char_pos: int) -> JsonScanError:
+        offset = char_pos if ascii_only else len(text[:char_pos].encode("utf-8"))
+        return JsonScanError(f"{problem} at byte {offset}")
+
+    def parse(char_pos: int) -> tuple[Any, int]:
+        try:
+            return _TEXT_DECODER.raw_decode(text, char_pos)
+        except json.JSONDecodeError as exc:
+            raise fail(exc.msg.removesuffix(" at"), exc.pos) from None
+        except RecursionError:
+            raise JsonScanError("nesting too deep") from None
+        except ValueError as exc:  # an integer beyond Python's digit limit
+            raise fail(str(exc).split(";")[0], char_pos) from None
+
+    end = len(text)
+    pos = _skip_text(text, 0)
+    if pos == end:
+        raise JsonScanError("the body is empty")
+    if text[pos] != "{":
+        raise fail(f"expected a JSON object at the top level, found {_found(text, pos)}", pos)
+    members: list[Member] = []
+    pos = _skip_text(text, pos + 1)
+    if text.startswith("}", pos):
+        return _finish(text, pos + 1, members, fail)
+    while True:
+        key_start = pos
+        if not text.startswith('"', pos):
+            raise fail(f"expected a string key, found {_found(text, pos)}", pos)
+        key, key_end = parse(pos)
+        pos = _skip_text(text, key_end)
+        if not text.startswith(":", pos):
+            raise fail(f"expected ':', found {_found(text, pos)}", pos)
+        value_start = _skip_text(text, pos + 1)
+        if value_start == end:
+            raise fail("expected a value, found the end of the body", value_start)
+        value, value_end = parse(value_start)
+        members.append(
+            Member(
+                key,
+                to_byte(key_start),
+                to_byte(key_end),
+                to_byte(value_start),
+                to_byte(value_end),
+                value if key in decode else NOT_DECODED,
+            )
+        )
+        pos = _skip_text(text, value_end)
+        if text.startswith(",", pos):
+            pos = _skip_text(text, pos + 1)
+            continue
+        if text.startswith("}", pos):
+            return _finish(text, pos + 1, members, fail)
+        raise fail(f"expected ',' or '}}', found {_found(text, pos)}", pos)
+
+
+def _finish(
+    text: str, pos: int, members: list[Member], fail: Callable[[str, int], JsonScanError]
+) -> list[Member]:
+    pos = _skip_text(text, pos)
+    if pos != len(text):
+        raise fail("extra data after the top-level object", pos)
+    return members
+
+
+def _decode_member(data: bytes, member: Member) -> Any:
+    try:
+        return decode_value(memoryview(data)[member.value_start : member.value_end])
+    except JsonScanError as exc:
+        raise JsonScanError(f"{exc.reason} in the value of '{member.key}'") from None
+
+
+def _check_nesting(data: bytes) -> None:
+    # Depth is the number of rounds of removing innermost bracket pairs (strings left out)
+    # that empties the brackets; all of this runs in C. Few brackets cannot nest too deep.
+    if data.count(b"[") + data.count(b"{") <= MAX_NESTING:
+        return
+    brackets = _STRING.sub(b"", data).translate(_ONE_BRACKET_KIND, _NOT_BRACKET)
+    for _ in range(MAX_NESTING):
+        shorter = brackets.replace(b"[]", b"")
+        if len(shorter) == len(brackets):
+            return  # empty, or unbalanced: the parser reports the latter
+        brackets = shorter
+    if brackets.replace(b"[]", b"") != brackets:
+        raise JsonScanError(f"nesting deeper than {MAX_NESTING} levels")
+
+
+def _skip(data: bytes, pos: int) -> int:
+    match = _WHITESPACE.match(data, pos)
+    assert match is not None  # the pattern matches the empty string
+    return match.end()
+
+
+def _skip_text(text: str, pos: int) -> int:
+    match = _TEXT_WHITESPACE.match(text, pos)
+    assert match is not None  # the pattern matches the empty string
+    return match.end()
+
+
+def _found(text: str, pos: int) -> str:
+    if pos >= len(text):
+        return "the end of the body"
+    char = text[pos]
+    return f"'{char}'" if char.isprintable() and not char.isspace() else f"U+{ord(char):04X}"

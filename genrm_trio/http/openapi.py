@@ -1,0 +1,154 @@
+"""The OpenAPI 3.1 document served at ``GET /openapi.json`` (W-51), generated from the wire types
+in ``wire.py``; it is built once per server version and kept as encoded bytes."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import msgspec
+
+from genrm_trio.http.wire import (
+    CompareReply,
+    CompareRequestDoc,
+    ErrorReply,
+    Healthz,
+    MaskedRow,
+    VerifyRequestDoc,
+    VerifyRow,
+)
+
+_JSON = "application/json"
+
+
+def openapi_document(version: str) -> dict[str, Any]:
+    """The document as a fresh mapping (callers may change it without touching the cache)."""
+    document: dict[str, Any] = msgspec.json.decode(openapi_json(version))
+    return document
+
+
+@functools.lru_cache(maxsize=4)
+def openapi_json(version: str) -> bytes:
+    """The encoded document, ready to serve."""
+    return msgspec.json.encode(_build(version))
+
+
+def _build(version: str) -> dict[str, Any]:
+    refs, components = msgspec.json.schema_components(
+        [
+            VerifyRequestDoc,
+            VerifyRow,
+            MaskedRow,
+            CompareRequestDoc,
+            CompareReply,
+            Healthz,
+            ErrorReply,
+        ],
+        ref_template="#/components/schemas/{name}",
+    )
+    verify_request, verify_row, masked_row, compare_request, compare_reply, healthz, error = refs
+
+    def reply(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+        return {"description": description, "content": {_JSON: {"schema": schema}}}
+
+    def failure(description: str) -> dict[str, Any]:
+        return reply(description, error)
+
+    bad_json = failure(
+        "The body is not parseable JSON, its top level is not an object, or it repeats a "
+        "top-level key: `invalid JSON body: <reason>` or `duplicate key '<k>'`."
+    )
+    too_large = failure("The body is larger than max_body_bytes: `request body exceeds <n> bytes`.")
+    invalid = failure(
+        "The body violates the schema or a field rule: `<path>: <problem>`, naming the first "
+        "offending field."
+    )
+    verify = {
+        "post": {
+            "operationId": "verify",
+            "summary": "Score one rollout against the other rollouts of its group",
+            "description": (
+                "Waits until all N rollouts of the group have arrived and been judged, then "
+                "answers with this rollout's row. Posting a row back replays it."
+            ),
+            "requestBody": {
+                "required": True,
+                "content": {_JSON: {"schema": verify_request}},
+            },
+            "responses": {
+                "200": reply(
+                    "A scored row, or a masked row (mask_sample true) when the rollout's "
+                    "reward could not be measured.",
+                    {"oneOf": [verify_row, masked_row]},
+                ),
+                "400": bad_json,
+                "409": failure(
+                    "The request conflicts with its group: a different response for an "
+                    "occupied slot, inconsistent prompt or principle, or a superseded or "
+                    "finished attempt."
+                ),
+                "413": too_large,
+                "422": invalid,
+                "503": failure(
+                    "The group failed with a cohort-kind failure (collection deadline, "
+                    "supersession, cancellation), or the server is shutting down."
+                ),
+            },
+        }
+    }
+    compare = {
+        "post": {
+            "operationId": "compare",
+            "summary": "Judge a batch of answers against each other, without state",
+            "requestBody": {
+                "required": True,
+                "content": {_JSON: {"schema": compare_request}},
+            },
+            "responses": {
+                "200": reply("One reward per answer, in input order.", compare_reply),
+                "400": bad_json,
+                "413": too_large,
+                "422": invalid,
+                "500": failure("A defect: `GenRM compare failed: <Type>: <message>`."),
+                "503": failure(
+                    "A comparison failed (the first judge error ends the call), the compare "
+                    "deadline passed, or the server is shutting down."
+                ),
+            },
+        }
+    }
+    health = {
+        "get": {
+            "operationId": "healthz",
+            "summary": "Liveness and state counts; never calls the judge",
+            "responses": {
+                "200": reply("Serving.", healthz),
+                "503": reply("Shutdown has begun (status shutting_down).", healthz),
+            },
+        }
+    }
+    openapi = {
+        "get": {
+            "operationId": "openapi",
+            "summary": "This document",
+            "responses": {"200": reply("The OpenAPI 3.1 document.", {"type": "object"})},
+        }
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "genrm-trio",
+            "version": version,
+            "description": (
+                "Turns groups of RL rollouts into rewards with a pairwise generative reward "
+                "model. Judge failures come back as masked rows, never as zero rewards."
+            ),
+        },
+        "paths": {
+            "/verify": verify,
+            "/compare": compare,
+            "/healthz": health,
+            "/openapi.json": openapi,
+        },
+        "components": {"schemas": components},
+    }
