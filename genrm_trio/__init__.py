@@ -1,3 +1,3 @@
-"""genrm-trio: a reward server that turns groups of RL rollouts into rewards with a pairwise judge."""
+"""genrm-trio: turns groups of RL rollouts into rewards with a pairwise generative judge."""
 
 __version__ = "0.1.0"

@@ -1,1 +1,1 @@
-"""Pure, synchronous core: pairing, verdicts, aggregation, fingerprints and the group state machine."""
+"""Pure, synchronous core: pairing, verdicts, aggregation, fingerprints and group states."""

@@ -93,7 +93,7 @@ class RowEcho:
     instance_config: int | None  # index of the request's instance_config in ``members``
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class VerifyRequest:
     """A validated /verify body: the fields the server reads and what it needs to echo."""
 

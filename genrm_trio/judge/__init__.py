@@ -1,1 +1,1 @@
-"""The judge client: request building, reply interpretation and the attempt loop, on httpx and Trio."""
+"""The judge client: request building, reply reading and the attempt loop (httpx on Trio)."""

@@ -1,1 +1,1 @@
-"""The Trio runtime: server nursery, group deadlines, waiters and shutdown; runs the core's decisions."""
+"""The Trio runtime: server nursery, group deadlines, waiters and shutdown."""

@@ -1,0 +1,139 @@
+"""The `genrm-trio` console script: `serve`, `fake-judge` and `demo` (SPEC §8).
+
+Logs go to stderr; stdout carries only the documented lines. Exit 0 success, 1 runtime failure,
+2 usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import trio
+
+from genrm_trio import __version__
+from genrm_trio.config import Config, ConfigError, load_config
+from genrm_trio.logs import configure_logging, startup_lines
+from genrm_trio.testing import fake_judge_cli
+
+log = logging.getLogger("genrm_trio")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="genrm-trio", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"genrm-trio {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="serve /verify and /compare")
+    serve.add_argument("--config", help="YAML configuration file")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one configuration key (value parsed as YAML); repeatable",
+    )
+    serve.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+    judge = commands.add_parser("fake-judge", help="serve the built-in fake judge")
+    fake_judge_cli.add_arguments(judge)
+
+    demo = commands.add_parser("demo", help="judge built-in groups on the fake judge")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument(
+        "--judge-api", choices=["chat_completions", "responses"], default="chat_completions"
+    )
+    demo.add_argument("--json", action="store_true", help="print the /verify rows as JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve_command(args)
+    if args.command == "fake-judge":
+        return fake_judge_cli.run(args)
+    from genrm_trio.demo import run_demo
+
+    configure_logging("ERROR")
+    return run_demo(seed=args.seed, judge_api=args.judge_api, as_json=args.json)
+
+
+def _serve_command(args: argparse.Namespace) -> int:
+    sets = list(args.sets)
+    if args.log_level:
+        sets.append(f"log_level={args.log_level}")
+    try:
+        config = load_config(args.config, sets, host=args.host, port=args.port)
+    except ConfigError as exc:
+        for line in exc.lines:
+            print(line, file=sys.stderr)
+        return 2
+    configure_logging(config.log_level)
+    for line in startup_lines(config):
+        log.info(line)
+    try:
+        trio.run(serve, config)
+    except OSError as exc:
+        print(f"genrm-trio: cannot serve on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def serve(config: Config) -> None:
+    """Serve until SIGINT/SIGTERM, then shut down gracefully (CL-4)."""
+    from hypercorn.config import Config as HypercornConfig
+    from hypercorn.trio import serve as hypercorn_serve
+
+    from genrm_trio.http.app import create_app
+
+    app = create_app(config)
+    settings = HypercornConfig()
+    settings.bind = [f"{config.host}:{config.port}"]
+    settings.graceful_timeout = config.shutdown_grace_s
+    settings.accesslog = None
+    settings.errorlog = None
+    stop = trio.Event()
+
+    async with trio.open_nursery() as nursery:
+
+        async def watch_signals(
+            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+        ) -> None:
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                task_status.started()
+                async for _ in signals:
+                    if stop.is_set():
+                        os._exit(130)
+                    # Fail waiting groups before hypercorn starts draining handlers, so waiting
+                    # requests are answered at once instead of being cut off (C-98).
+                    app.engine.begin_shutdown()
+                    stop.set()
+                    nursery.cancel_scope.deadline = (
+                        trio.current_time() + config.shutdown_grace_s + 1.5
+                    )
+
+        async def run_server(task_status: trio.TaskStatus[list[str]]) -> None:
+            await hypercorn_serve(
+                app,
+                settings,
+                shutdown_trigger=stop.wait,
+                task_status=task_status,
+            )
+            nursery.cancel_scope.cancel()
+
+        await nursery.start(watch_signals)
+        binds = await nursery.start(run_server)
+        print(f"genrm-trio listening on {binds[0]}", flush=True)
+    log.info("genrm-trio stopped")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,718 @@
+"""The group state machine: records, members, waiters, attempts, publication and retention.
+
+Events in, decisions out. Nothing here awaits, sleeps or knows about Trio.
+
+Theory of operation
+-------------------
+A *record* is the state of one group attempt. It is born ``collecting`` with its first accepted
+member, moves to ``evaluating`` when its N-th distinct slot is filled, and ends ``completed`` (one
+outcome per slot, published at once) or ``failed`` (one failure for everyone). Terminal records
+never change phase again.
+
+Every entry point below is one critical section: plain synchronous bookkeeping that runs to the
+end without yielding, so no other task can observe a half-made transition (SPEC I-1). Work that
+has to wait (deadlines, judge calls) belongs to the runtime; the registry tells it what to start
+or cancel through the ``Effect`` values it returns, and the runtime reports back through
+``collection_expired``, ``comparison_failed`` and ``finish_evaluation``/``fail_evaluation``.
+
+Rules that hold between entry points (checked by ``check_invariants``):
+- an explicit group id has at most one record, the one of its newest accepted attempt; while
+  that record is active the group's watermark has the same attempt and the group is not idle;
+- the terminal index holds exactly the retained terminal records; the idle order holds exactly
+  the explicit groups with a watermark and no active record;
+- a terminal record has no waiters and no scoring texts; a failed record has no rewards.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from genrm_trio.config import Config
+from genrm_trio.core import messages
+from genrm_trio.core.critical import critical_section
+from genrm_trio.core.pairs import Comparison, plan_comparisons
+from genrm_trio.core.retention import AgedIndex
+from genrm_trio.core.scoring import masked_slots, score_group
+from genrm_trio.core.verdicts import Verdict
+
+
+class Phase(enum.Enum):
+    COLLECTING = "collecting"
+    EVALUATING = "evaluating"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+    @property
+    def active(self) -> bool:
+        return self in (Phase.COLLECTING, Phase.EVALUATING)
+
+
+class FailureKind(enum.Enum):
+    JUDGE = "judge"  # answered as masked 200 rows
+    COHORT = "cohort"  # answered as HTTP 503
+
+
+# ---- outcomes: what one /verify request is answered with ------------------------------------
+
+
+class Scored(NamedTuple):
+    reward: float
+    metrics: Mapping[str, float] | None  # None outside group mode: no group metrics (W-35)
+
+
+class Masked(NamedTuple):
+    text: str
+    suffix: str = ""  # the legacy migration suffix, never cut when the text is bounded
+
+
+class Rejected(NamedTuple):
+    status: int  # 409 or 503
+    detail: str
+
+
+Outcome = Scored | Masked | Rejected
+
+
+class Waiter:
+    """A one-shot result slot for one waiting request."""
+
+    __slots__ = ("_wake", "outcome")
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
+        self.outcome: Outcome | None = None
+
+    def resolve(self, outcome: Outcome) -> None:
+        if self.outcome is None:
+            self.outcome = outcome
+            self._wake()
+
+
+# ---- what the runtime hands in ---------------------------------------------------------------
+
+
+class MemberTexts(NamedTuple):
+    reasoning: str
+    answer: str
+
+
+class GroupInputs(NamedTuple):
+    """Judge-facing inputs converted once per group from its first accepted member."""
+
+    history: list[dict[str, str]]
+    principle: str | None
+    baseline: str | None
+    baseline_digest: str | None
+
+
+@dataclass(slots=True)
+class Arrival:
+    """A validated group-mode /verify request, reduced to what the engine needs."""
+
+    group_id: str | None
+    attempt: int
+    slot: int
+    task_index: int | None
+    prompt_id: str | None
+    digest: str
+    fingerprint: bytes
+    # Called only for a newly accepted member (never for duplicates or replays); the flag says
+    # whether the group's inputs must be converted too. May raise: the group then fails.
+    prepare: Callable[[bool], tuple[MemberTexts, GroupInputs | None]]
+
+
+# ---- effects: what the runtime must do after a transition -----------------------------------
+
+
+class StartGroup(NamedTuple):
+    """Arm the collection deadline of a new record (its group task)."""
+
+    record: Record
+
+
+class BeginEvaluation(NamedTuple):
+    record: Record
+
+
+class CancelGroup(NamedTuple):
+    """Cancel and drain everything the record's group task is running."""
+
+    record: Record
+
+
+Effect = StartGroup | BeginEvaluation | CancelGroup
+
+
+class Answer(NamedTuple):
+    outcome: Outcome
+
+
+class Wait(NamedTuple):
+    waiter: Waiter
+    record: Record
+    slot: int
+
+
+class Decision(NamedTuple):
+    reply: Answer | Wait
+    effects: list[Effect]
+
+
+# ---- state -------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class Member:
+    slot: int
+    fingerprint: bytes
+    texts: MemberTexts | None
+    waiters: list[Waiter]
+    outcome: Scored | Masked | None = None
+
+
+@dataclass(slots=True)
+class Failure:
+    kind: FailureKind
+    text: str
+
+
+class Watermark(NamedTuple):
+    attempt: int
+    digest: str
+
+
+@dataclass(slots=True, eq=False)
+class Record:
+    key: str
+    group_id: str | None
+    attempt: int
+    digest: str
+    legacy_key: str | None
+    size: int
+    started_at: float
+    phase: Phase = Phase.COLLECTING
+    members: dict[int, Member] = field(default_factory=dict)
+    inputs: GroupInputs | None = None
+    plan: list[Comparison] = field(default_factory=list)
+    # comparison index -> judge error text, filled as comparisons fail (M-10)
+    failed_comparisons: dict[int, str] = field(default_factory=dict)
+    failure: Failure | None = None
+    terminal_time: float | None = None
+    handle: Any = None  # the runtime's per-group task handle; opaque here
+
+    @property
+    def legacy(self) -> bool:
+        return self.group_id is None
+
+    def waiter_count(self) -> int:
+        return sum(len(m.waiters) for m in self.members.values())
+
+
+class Statistics(NamedTuple):
+    collecting: int
+    evaluating: int
+    retained_records: int
+    watermarks: int
+    idle_entries: int
+    waiters: int
+    owned_tasks: int
+    judge_in_flight: int
+    prune_visits: int
+
+    @property
+    def active_groups(self) -> int:
+        return self.collecting + self.evaluating
+
+
+class InvariantViolation(AssertionError):
+    pass
+
+
+class EvaluationResult(NamedTuple):
+    """What publication decided, for the runtime's logs."""
+
+    record: Record
+    scored: int
+    masked: int
+
+
+def group_key(
+    group_id: str | None, attempt: int, task_index: int | None, prompt_id: str | None, digest: str
+) -> str:
+    """The group key of SPEC C-1, used in messages and logs."""
+    if group_id is not None:
+        return f"group_id::{group_id}::group_attempt::{attempt}"
+    if task_index is not None:
+        return f"task_idx::{task_index}::{digest}::group_attempt::{attempt}"
+    if prompt_id is not None:
+        return f"prompt_id::{prompt_id}::{digest}::group_attempt::{attempt}"
+    return f"{digest}::group_attempt::{attempt}"
+
+
+class GroupRegistry:
+    """Every record, watermark and retention index of one server instance."""
+
+    def __init__(self, config: Config, log: Callable[[int, str], None] | None = None) -> None:
+        self.config = config
+        self.size = config.num_rollouts_per_prompt
+        self._log = log or (lambda level, text: None)
+        self.closed = False
+        self.explicit: dict[str, Record] = {}
+        self.legacy: dict[str, Record] = {}
+        self.watermarks: dict[str, Watermark] = {}
+        self.terminal_index: AgedIndex[int, Record] = AgedIndex()
+        self.idle_order: AgedIndex[str, None] = AgedIndex()
+        self.active: dict[int, Record] = {}
+        self.prune_visits = 0
+
+    # ---- arrival (C-40..C-44) ---------------------------------------------------------------
+
+    def arrive(self, arrival: Arrival, now: float, wake: Callable[[], None]) -> Decision:
+        """Resolve the request's record and run its member step, in one critical section."""
+        with critical_section():
+            if self.closed:
+                return Decision(Answer(Rejected(503, messages.SHUTTING_DOWN)), [])
+            self.prune(now)
+            effects: list[Effect] = []
+            if arrival.group_id is None:
+                record = self._resolve_legacy(arrival, now)
+                reply = self._member_step(record, arrival, now, wake, effects)
+                return Decision(reply, effects)
+            resolved = self._resolve_explicit(arrival, now, effects)
+            if isinstance(resolved, Rejected):
+                return Decision(Answer(resolved), effects)
+            record, recreated = resolved
+            reply = self._member_step(record, arrival, now, wake, effects)
+            if record.phase.active or (
+                isinstance(reply, Answer)
+                and isinstance(reply.outcome, Rejected)
+                and reply.outcome.status == 409
+            ):
+                return Decision(reply, effects)
+            # An accepted request that resolved to a finished record refreshes only the
+            # watermark's idle time, never the result's expiry (C-41 step 4).
+            if recreated is not None:
+                self.watermarks[arrival.group_id] = recreated
+            if self.watermarks[arrival.group_id].attempt == record.attempt:
+                self.idle_order.stamp(arrival.group_id, None, now)
+            return Decision(reply, effects)
+
+    def _resolve_legacy(self, arrival: Arrival, now: float) -> Record:
+        key = group_key(
+            None, arrival.attempt, arrival.task_index, arrival.prompt_id, arrival.digest
+        )
+        record = self.legacy.get(key)
+        if record is None:
+            record = self._new_record(key, None, arrival.attempt, arrival.digest, now)
+            record.legacy_key = key
+            self.legacy[key] = record
+        return record
+
+    def _resolve_explicit(
+        self, arrival: Arrival, now: float, effects: list[Effect]
+    ) -> tuple[Record, Watermark | None] | Rejected:
+        gid = arrival.group_id
+        assert gid is not None
+        watermark = self.watermarks.get(gid)
+        record = self.explicit.get(gid)
+        recreated: Watermark | None = None
+        if watermark is None and record is not None:
+            watermark = recreated = Watermark(record.attempt, record.digest)
+        if (watermark is not None and watermark.digest != arrival.digest) or (
+            record is not None and record.digest != arrival.digest
+        ):
+            return Rejected(409, messages.inconsistent_prompt(gid))
+        if watermark is not None and arrival.attempt < watermark.attempt:
+            return Rejected(409, messages.superseded(gid, arrival.attempt, watermark.attempt))
+        if watermark is None or arrival.attempt > watermark.attempt:
+            if record is not None:
+                self._supersede(record, arrival.attempt, now, effects)
+            self.watermarks[gid] = Watermark(arrival.attempt, arrival.digest)
+            self.idle_order.discard(gid)
+            key = group_key(gid, arrival.attempt, None, None, arrival.digest)
+            fresh = self._new_record(key, gid, arrival.attempt, arrival.digest, now)
+            self.explicit[gid] = fresh
+            return fresh, None
+        if record is None or record.attempt != arrival.attempt:
+            return Rejected(409, messages.not_retained(gid, arrival.attempt))
+        return record, recreated
+
+    def _new_record(
+        self, key: str, group_id: str | None, attempt: int, digest: str, now: float
+    ) -> Record:
+        record = Record(
+            key=key,
+            group_id=group_id,
+            attempt=attempt,
+            digest=digest,
+            legacy_key=None,
+            size=self.size,
+            started_at=now,
+        )
+        self.active[id(record)] = record
+        return record
+
+    def _member_step(
+        self,
+        record: Record,
+        arrival: Arrival,
+        now: float,
+        wake: Callable[[], None],
+        effects: list[Effect],
+    ) -> Answer | Wait:
+        slot = arrival.slot
+        if record.phase is Phase.FAILED:
+            return Answer(self.failure_outcome(record))
+        member = record.members.get(slot)
+        if member is not None:
+            if isinstance(member.outcome, Masked):
+                return Answer(member.outcome)
+            if member.fingerprint != arrival.fingerprint:
+                return Answer(Rejected(409, messages.different_response(record.key, slot)))
+            if record.phase is Phase.COMPLETED:
+                assert member.outcome is not None
+                return Answer(member.outcome)
+            waiter = Waiter(wake)
+            member.waiters.append(waiter)
+            return Wait(waiter, record, slot)
+        if record.phase is not Phase.COLLECTING:
+            return Answer(
+                Rejected(409, messages.phase_closed(record.key, record.phase.value, slot))
+            )
+        first = not record.members
+        try:
+            texts, inputs = arrival.prepare(first)
+        except Exception as exc:
+            # Validated input cannot make extraction fail; this is a defect or an injected
+            # fault, and it fails the whole group rather than one request.
+            self._fail(record, FailureKind.COHORT, messages.conversion_failed(exc), now, effects)
+            return Answer(self.failure_outcome(record))
+        if first:
+            record.inputs = inputs
+        waiter = Waiter(wake)
+        record.members[slot] = Member(slot, arrival.fingerprint, texts, [waiter])
+        if first:
+            effects.append(StartGroup(record))
+        if len(record.members) == record.size:
+            self._begin_evaluation(record, effects)
+        return Wait(waiter, record, slot)
+
+    def _begin_evaluation(self, record: Record, effects: list[Effect]) -> None:
+        record.phase = Phase.EVALUATING
+        inputs = record.inputs
+        record.plan = plan_comparisons(
+            self.config.comparison_strategy,
+            record.size,
+            self.config.num_judges_per_comparison,
+            baseline_digest=inputs.baseline_digest if inputs is not None else None,
+        )
+        effects.append(BeginEvaluation(record))
+
+    def detach(self, record: Record, slot: int, waiter: Waiter) -> None:
+        """Remove one cancelled request's waiter (C-51); the member and the group stay."""
+        with critical_section():
+            member = record.members.get(slot)
+            if member is not None and waiter in member.waiters:
+                member.waiters.remove(waiter)
+
+    # ---- deadlines and evaluation results -------------------------------------------------
+
+    def collection_expired(self, record: Record, now: float) -> None:
+        with critical_section():
+            if record.phase is Phase.COLLECTING:
+                text = messages.not_collected(
+                    record.key, record.size, self.config.cohort_collection_timeout_s
+                )
+                self._fail(record, FailureKind.COHORT, text, now, [])
+
+    def comparison_failed(self, record: Record, comparison: Comparison, text: str) -> None:
+        """Note a failed comparison as it fails, before anything else ends the group (M-10)."""
+        with critical_section():
+            if record.phase is not Phase.EVALUATING:
+                return
+            record.failed_comparisons[comparison.index] = text
+            self._log(
+                30,
+                f"GenRM dropped comparison ({comparison.first}, {comparison.second}) (judge "
+                f"{comparison.judge_pass}) of {len(record.plan)} after a judge failure: {text}",
+            )
+
+    def evaluation_deadline(self, record: Record, finished: int, now: float) -> None:
+        with critical_section():
+            if record.phase is Phase.EVALUATING:
+                text = messages.evaluation_deadline(
+                    self.config.cohort_evaluation_timeout_s,
+                    finished,
+                    len(record.plan),
+                    len(record.failed_comparisons),
+                )
+                self._fail(record, FailureKind.JUDGE, text, now, [])
+
+    def fail_evaluation(self, record: Record, text: str, now: float) -> None:
+        """A non-judge error or an outside cancellation ends the evaluation (kind cohort)."""
+        with critical_section():
+            if record.phase.active:
+                self._fail(record, FailureKind.COHORT, text, now, [])
+
+    def finish_evaluation(
+        self, record: Record, verdicts: Mapping[int, Verdict], now: float
+    ) -> EvaluationResult | None:
+        """Every comparison has ended: mask, score and publish at once (M-1..M-6, C-70)."""
+        with critical_section():
+            if record.phase is Phase.FAILED:
+                return None  # superseded or shut down: a late result never publishes
+            if record.phase is not Phase.EVALUATING:
+                raise RuntimeError(f"cannot publish a {record.phase.value} group")
+            plan = record.plan
+            failed = record.failed_comparisons
+            masked = masked_slots(plan, failed.keys(), record.size)
+            total = len(plan)
+            if len(masked) == record.size:
+                first = failed[min(failed)]
+                text = messages.every_rollout_masked(record.key, len(failed), total, first)
+                self._fail(record, FailureKind.JUDGE, text, now, [])
+                return None
+            texts = [record.members[slot].texts for slot in range(record.size)]
+            score = score_group(
+                record.size,
+                [(t.reasoning, t.answer) if t is not None else ("", "") for t in texts],
+                plan,
+                verdicts,
+                masked,
+                self.config,
+            )
+            self._check_publishable(record, score.rewards, masked, score.metrics)
+            metrics = {
+                "genrm_failed_comparison_rate_per_group": len(failed) / total,
+                "genrm_masked_rollout_rate_per_group": len(masked) / record.size,
+                "mean_individual_score": score.metrics.mean_individual_score,
+                "std_individual_score": score.metrics.std_individual_score,
+                "tiebreak_usage_rate": score.metrics.tiebreak_usage_rate,
+            }
+            for slot, member in record.members.items():
+                if slot in masked:
+                    first_failure = min(
+                        index for index in failed if slot in (plan[index].first, plan[index].second)
+                    )
+                    member.outcome = Masked(
+                        messages.rollout_masked(slot, len(failed), total, failed[first_failure])
+                    )
+                else:
+                    member.outcome = Scored(score.rewards[slot], metrics)
+            self._publish(record, now)
+            return EvaluationResult(record, record.size - len(masked), len(masked))
+
+    def _check_publishable(
+        self,
+        record: Record,
+        rewards: Mapping[int, float],
+        masked: set[int],
+        metrics: Sequence[float],
+    ) -> None:
+        if len(rewards) + len(masked) != record.size:
+            raise RuntimeError(messages.reward_count(len(rewards) + len(masked), record.size))
+        if not all(math.isfinite(r) for r in rewards.values()) or not all(
+            math.isfinite(m) for m in metrics
+        ):
+            raise RuntimeError(messages.NON_FINITE_REWARDS)
+
+    # ---- transitions -------------------------------------------------------------------------
+
+    def _publish(self, record: Record, now: float) -> None:
+        record.phase = Phase.COMPLETED
+        scored = masked = 0
+        for member in record.members.values():
+            assert member.outcome is not None
+            if isinstance(member.outcome, Masked):
+                masked += 1
+                self._log(
+                    30,
+                    f"GenRM masked one rollout of key='{messages.log_key(record.key)}': "
+                    f"{member.outcome.text}",
+                )
+            else:
+                scored += 1
+            for waiter in member.waiters:
+                waiter.resolve(member.outcome)
+            member.waiters = []
+            member.texts = None
+        record.inputs = None
+        self._log(
+            30 if masked else 20,
+            f"GenRM cohort disposition=completed key='{messages.log_key(record.key)}' "
+            f"attempt={record.attempt} members={len(record.members)} scored={scored} "
+            f"masked={masked} failed_comparisons={len(record.failed_comparisons)}/"
+            f"{len(record.plan)}",
+        )
+        self._become_terminal(record, now)
+
+    def _fail(
+        self, record: Record, kind: FailureKind, text: str, now: float, effects: list[Effect]
+    ) -> None:
+        if not record.phase.active:
+            return
+        record.phase = Phase.FAILED
+        record.failure = Failure(kind, text)
+        outcome = self.failure_outcome(record)
+        for member in record.members.values():
+            for waiter in member.waiters:
+                waiter.resolve(outcome)
+            member.waiters = []
+            member.texts = None
+        record.inputs = None
+        effects.append(CancelGroup(record))
+        self._log(
+            30,
+            f"GenRM cohort disposition=failed key='{messages.log_key(record.key)}' "
+            f"attempt={record.attempt} members={len(record.members)} kind={kind.value} "
+            f'reason="{text[:500]}"',
+        )
+        self._become_terminal(record, now)
+
+    def _become_terminal(self, record: Record, now: float) -> None:
+        """C-88: stamp the terminal time and enter the retention indexes."""
+        self.active.pop(id(record), None)
+        record.terminal_time = now
+        if record.legacy and record.phase is Phase.COMPLETED:
+            # A completed legacy group retires at once and leaves nothing behind (C-91).
+            if self.legacy.get(record.legacy_key or "") is record:
+                del self.legacy[record.legacy_key or ""]
+            return
+        self.terminal_index.stamp(id(record), record, now)
+        if record.group_id is not None:
+            watermark = self.watermarks.get(record.group_id)
+            if watermark is not None and watermark.attempt == record.attempt:
+                self.idle_order.stamp(record.group_id, None, now)
+
+    def _supersede(self, record: Record, attempt: int, now: float, effects: list[Effect]) -> None:
+        """C-80: the old record fails if active, and leaves the registry and indexes either way."""
+        gid = record.group_id
+        assert gid is not None
+        if record.phase.active:
+            self._fail(
+                record,
+                FailureKind.COHORT,
+                messages.superseded(gid, record.attempt, attempt),
+                now,
+                effects,
+            )
+        self.terminal_index.discard(id(record))
+        if self.explicit.get(gid) is record:
+            del self.explicit[gid]
+
+    def failure_outcome(self, record: Record) -> Outcome:
+        """C-86: kind judge answers masked rows, kind cohort answers 503; legacy adds the suffix."""
+        failure = record.failure
+        assert failure is not None
+        suffix = messages.MIGRATION_SUFFIX if record.legacy else ""
+        if failure.kind is FailureKind.JUDGE:
+            return Masked(failure.text, suffix)
+        return Rejected(503, failure.text + suffix)
+
+    # ---- retention (R-3, R-4) ----------------------------------------------------------------
+
+    def prune(self, now: float) -> None:
+        ttl = self.config.cohort_result_ttl_s
+        cap = self.config.max_terminal_cohorts
+        self.prune_visits += self.terminal_index.prune(now, ttl, cap, self._drop_record)
+        self.prune_visits += self.idle_order.prune(now, ttl, cap, self._drop_watermark)
+
+    def _drop_record(self, _: int, record: Record) -> None:
+        if record.group_id is not None:
+            if self.explicit.get(record.group_id) is record:
+                del self.explicit[record.group_id]
+        elif self.legacy.get(record.legacy_key or "") is record:
+            del self.legacy[record.legacy_key or ""]
+
+    def _drop_watermark(self, group_id: str, _: None) -> None:
+        self.watermarks.pop(group_id, None)
+
+    # ---- shutdown (C-96) ---------------------------------------------------------------------
+
+    def shut_down(self, now: float) -> list[Effect]:
+        """Mark the registry closed and fail every active group; returns what to cancel."""
+        with critical_section():
+            self.closed = True
+            effects: list[Effect] = []
+            for record in list(self.active.values()):
+                self._fail(record, FailureKind.COHORT, messages.SHUTTING_DOWN, now, effects)
+            return effects
+
+    def clear(self) -> None:
+        with critical_section():
+            self.explicit.clear()
+            self.legacy.clear()
+            self.watermarks.clear()
+            self.terminal_index.clear()
+            self.idle_order.clear()
+            self.active.clear()
+
+    # ---- verification hooks (I-21, I-22) -----------------------------------------------------
+
+    def statistics(self, *, owned_tasks: int = 0, judge_in_flight: int = 0) -> Statistics:
+        active = list(self.active.values())
+        return Statistics(
+            collecting=sum(1 for r in active if r.phase is Phase.COLLECTING),
+            evaluating=sum(1 for r in active if r.phase is Phase.EVALUATING),
+            retained_records=len(self.terminal_index),
+            watermarks=len(self.watermarks),
+            idle_entries=len(self.idle_order),
+            waiters=sum(r.waiter_count() for r in active),
+            owned_tasks=owned_tasks,
+            judge_in_flight=judge_in_flight,
+            prune_visits=self.prune_visits,
+        )
+
+    def check_invariants(self) -> None:
+        """Raise InvariantViolation on any breach of SPEC I-2..I-4."""
+
+        def require(ok: bool, what: str) -> None:
+            if not ok:
+                raise InvariantViolation(what)
+
+        records = list(self.explicit.values()) + list(self.legacy.values())
+        retained = {id(r) for r in records if not r.phase.active}
+        require(set(self.terminal_index.keys()) == retained, "terminal index != retained records")
+        for record in self.active.values():
+            require(record.phase.active, "a terminal record is listed as active")
+            if record.group_id is not None:
+                require(self.explicit.get(record.group_id) is record, "active record unregistered")
+                watermark = self.watermarks.get(record.group_id)
+                require(
+                    watermark is not None and watermark.attempt == record.attempt,
+                    f"active group {record.group_id!r} has no matching watermark",
+                )
+                require(record.group_id not in self.idle_order, "active group in the idle order")
+            else:
+                require(self.legacy.get(record.key) is record, "active legacy record unregistered")
+        idle_expected = {
+            gid
+            for gid in self.watermarks
+            if not (gid in self.explicit and self.explicit[gid].phase.active)
+        }
+        require(set(self.idle_order.keys()) == idle_expected, "idle order != idle groups")
+        for gid, record in self.explicit.items():
+            require(record.group_id == gid, "record filed under another group id")
+            watermark = self.watermarks.get(gid)
+            if watermark is not None:
+                require(
+                    watermark == Watermark(record.attempt, record.digest),
+                    f"group {gid!r}: record and watermark disagree",
+                )
+        for record in records:
+            if not record.phase.active:
+                for member in record.members.values():
+                    require(not member.waiters, "terminal record has waiters")
+                    require(member.texts is None, "terminal record keeps scoring texts")
+                require(record.inputs is None, "terminal record keeps its inputs")
+            if record.phase is Phase.FAILED:
+                require(
+                    all(m.outcome is None for m in record.members.values()),
+                    "failed record has rewards",
+                )
+        if self.closed:
+            require(not self.active, "active groups after shutdown")

@@ -1,0 +1,203 @@
+"""Finding the verdict `(score_1, score_2, ranking)` in a judge's verdict text (S-20…S-23).
+
+Works in near-linear time on any text, however hostile, and never raises.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+__all__ = ["Verdict", "mapped_back", "parse_verdict"]
+
+
+class Verdict(NamedTuple):
+    """A parsed verdict: ranking 1 means response_1 is much better, 6 response_2."""
+
+    score_1: float
+    score_2: float
+    ranking: float
+
+
+def parse_verdict(text: str, *, default_score: float, default_ranking: float) -> Verdict | None:
+    """The verdict in `text`, or None when it holds no valid candidate.
+
+    Fenced ```json blocks are searched first (first valid candidate wins); otherwise the whole
+    text (last valid candidate wins).
+    """
+    for block in _json_fences(text):
+        for candidate in _candidates(block):
+            verdict = _verdict_of(candidate, default_score, default_ranking)
+            if verdict is not None:
+                return verdict
+    last: Verdict | None = None
+    for candidate in _candidates(text):
+        verdict = _verdict_of(candidate, default_score, default_ranking)
+        if verdict is not None:
+            last = verdict
+    return last
+
+
+def mapped_back(verdict: Verdict) -> Verdict:
+    """A baseline-first verdict in rollout-first orientation (S-51)."""
+    return Verdict(verdict.score_2, verdict.score_1, 7 - verdict.ranking)
+
+
+_FENCE_OPEN = re.compile(r"```json\s*", re.IGNORECASE)
+_FENCE = "```"
+
+
+def _json_fences(text: str) -> Iterator[str]:
+    position = 0
+    while True:
+        opening = _FENCE_OPEN.search(text, position)
+        if opening is None:
+            return
+        closing = text.find(_FENCE, opening.end())
+        if closing == -1:
+            # No later opener can have a closing fence either.
+            return
+        yield text[opening.end() : closing]
+        position = closing + len(_FENCE)
+
+
+def _candidates(text: str) -> Iterator[str]:
+    """Candidate spans in scanning order (S-21)."""
+    closing = _closing_braces(text)
+    start = text.find("{")
+    while start != -1:
+        end = closing.get(start)
+        if end is None:
+            start = text.find("{", start + 1)
+        else:
+            yield text[start : end + 1]
+            start = text.find("{", end + 1)
+
+
+# Theory of operation for _closing_braces.
+#
+# A scan from a '{' is a lexer in one of three string states: outside a string (OUT), inside
+# one (IN), or just after a backslash inside one (ESC). Its future depends only on its state and
+# position, so scans that reach the same position in the same state agree from then on, and at
+# most three distinct scans are alive at any position. Each such "track" keeps one depth counter
+# and, for every scan riding on it, the depth at which that scan's '{' is closed. Every '{' read
+# by the OUT track starts a scan on that track; a '{' when no track is OUT starts a new one.
+# Tracks that land in the same state merge (smaller into larger), so the sweep costs
+# O(n log n) in the worst case instead of the O(n^2) of restarting a scan at every '{'.
+_OUT, _IN, _ESC = 0, 1, 2
+_LEXEMES = re.compile(r'[{}"\\]')
+
+
+class _Track:
+    __slots__ = ("depth", "scans", "size")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        # Scan starts, keyed by the track depth at which each one closes.
+        self.scans: dict[int, list[int]] = {}
+        self.size = 0
+
+
+def _join(kept: _Track | None, other: _Track) -> _Track:
+    if kept is None:
+        return other
+    if kept.size < other.size:
+        kept, other = other, kept
+    shift = kept.depth - other.depth
+    for depth, starts in other.scans.items():
+        kept.scans.setdefault(depth + shift, []).extend(starts)
+    kept.size += other.size
+    return kept
+
+
+def _closing_braces(text: str) -> dict[int, int]:
+    """For every '{' whose scan closes, the position of its closing '}'."""
+    closing: dict[int, int] = {}
+    tracks: dict[int, _Track] = {}
+    after_last = 0
+    for lexeme in _LEXEMES.finditer(text):
+        position = lexeme.start()
+        if position > after_last and _ESC in tracks:
+            # Any ordinary character ends an escape.
+            escaped = tracks.pop(_ESC)
+            tracks[_IN] = _join(tracks.get(_IN), escaped)
+        after_last = position + 1
+        char = text[position]
+        moved: dict[int, _Track] = {}
+        for state, track in tracks.items():
+            if state == _OUT:
+                new_state = _IN if char == '"' else _OUT
+                if char == "{":
+                    track.scans.setdefault(track.depth, []).append(position)
+                    track.size += 1
+                    track.depth += 1
+                elif char == "}":
+                    track.depth -= 1
+                    closed = track.scans.pop(track.depth, None)
+                    if closed is not None:
+                        for start in closed:
+                            closing[start] = position
+                        track.size -= len(closed)
+            elif state == _IN:
+                new_state = _OUT if char == '"' else _ESC if char == "\\" else _IN
+            else:
+                new_state = _IN
+            if track.size:
+                moved[new_state] = _join(moved.get(new_state), track)
+        if char == "{" and _OUT not in tracks:
+            fresh = _Track()
+            fresh.scans[0] = [position]
+            fresh.size = 1
+            fresh.depth = 1
+            moved[_OUT] = _join(moved.get(_OUT), fresh)
+        tracks = moved
+    return closing
+
+
+_VERDICT_KEYS = ("score_1", "score_2", "ranking")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON literal {name}")
+
+
+def _verdict_of(candidate: str, default_score: float, default_ranking: float) -> Verdict | None:
+    """The verdict of one candidate span if it is valid (S-22), else None."""
+    try:
+        decoded = json.loads(candidate, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(decoded, dict):
+        return None
+    overall = decoded.get("overall")
+    if isinstance(overall, dict):
+        decoded = overall
+    if not any(key in decoded for key in _VERDICT_KEYS):
+        return None
+    defaults = (default_score, default_score, default_ranking)
+    numbers: list[float] = []
+    for key, default in zip(_VERDICT_KEYS, defaults, strict=True):
+        number = _number(decoded[key]) if key in decoded else default
+        if number is None or not math.isfinite(number):
+            return None
+        numbers.append(number)
+    return Verdict(*numbers)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    if isinstance(value, int | float):
+        try:
+            return float(value)
+        except OverflowError:
+            return None
+    if isinstance(value, str):
+        text = value.strip()
+        if _DECIMAL.fullmatch(text):
+            return float(text)
+    return None

@@ -1,0 +1,367 @@
+"""The Trio runtime of one server instance: the server nursery, group tasks, waiters and shutdown.
+
+It runs the group registry's decisions. Work that outlives a request (a group's deadlines and
+judging) lives in the server nursery in a fresh context, never in the request's task.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Protocol
+
+import httpx
+import trio
+
+from genrm_trio.config import Config
+from genrm_trio.core import messages
+from genrm_trio.core.canonical import digest_hex, fingerprint_json
+from genrm_trio.core.groups import (
+    Answer,
+    Arrival,
+    BeginEvaluation,
+    CancelGroup,
+    Effect,
+    GroupInputs,
+    GroupRegistry,
+    MemberTexts,
+    Outcome,
+    Record,
+    Rejected,
+    Scored,
+    StartGroup,
+    Statistics,
+)
+from genrm_trio.core.pairs import Comparison, baseline_order_digest
+from genrm_trio.core.texts import (
+    convert_history,
+    effective_principle,
+    extract_scoring_text,
+    judge_answer_text,
+)
+from genrm_trio.core.verdicts import Verdict
+from genrm_trio.judge.client import JudgeClient, JudgeFailure, JudgeTask
+from genrm_trio.runtime.hooks import Hooks, call_hook
+
+log = logging.getLogger("genrm_trio")
+
+
+class MemberRequest(Protocol):
+    """The fields of a validated /verify request that the engine reads."""
+
+    group_id: str | None
+    attempt: int
+    attempt_given: bool
+    rollout_index: int | None
+    task_index: int | None
+    prompt_id: str | None
+    principle: str | None
+    input_value: Any
+    baseline: str | None
+    response_raw: bytes
+    response_value: Any
+
+
+@dataclass
+class Counters:
+    """How often the expensive per-request steps ran (SPEC C-23, C-31, C-32)."""
+
+    fingerprints: int = 0
+    extractions: int = 0
+    conversions: int = 0
+
+
+@dataclass(eq=False)
+class GroupHandle:
+    """The runtime side of one record: its cancel scope and its evaluation trigger."""
+
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    ready: trio.Event = field(default_factory=trio.Event)
+    evaluation_deadline: float = math.inf
+
+
+class Engine:
+    """One server instance's group engine; instances share nothing (I-11)."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        judge_transport: httpx.AsyncBaseTransport | None = None,
+        hooks: Hooks | None = None,
+    ) -> None:
+        self.config = config
+        self.hooks = hooks or Hooks()
+        self.judge = JudgeClient(config, transport=judge_transport)
+        self.registry = GroupRegistry(config, log=log.log)
+        self.counters = Counters()
+        self._nursery: trio.Nursery | None = None
+        self._owned_tasks = 0
+        self._tasks_done = trio.Event()
+        self._stopped = trio.Event()
+        self._shutdown_done = trio.Event()
+        self._shutdown_started = False
+        self._attempt_omission_logged = False
+
+    # ---- lifetime ------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the server nursery until shutdown has drained it."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await self._stopped.wait()
+            nursery.cancel_scope.cancel()
+
+    @property
+    def closed(self) -> bool:
+        return self.registry.closed
+
+    def begin_shutdown(self) -> None:
+        """Fail every active group and cancel owned work; synchronous, so it runs first (C-98)."""
+        if self._shutdown_started:
+            return
+        self._shutdown_started = True
+        log.info("GenRM server shutting down")
+        self._apply(self.registry.shut_down(trio.current_time()))
+
+    async def shutdown(self) -> None:
+        """C-96: fail groups, drain owned tasks within shutdown_grace_s, close the judge client."""
+        self.begin_shutdown()
+        if self._shutdown_done.is_set():
+            return
+        with trio.move_on_after(self.config.shutdown_grace_s, shield=True):
+            if self._owned_tasks:
+                await self._tasks_done.wait()
+        with trio.move_on_after(self.config.shutdown_grace_s, shield=True):
+            await self.judge.aclose()
+        self.registry.clear()
+        self._stopped.set()
+        self._shutdown_done.set()
+        log.info("GenRM server shut down")
+
+    # ---- /verify -------------------------------------------------------------------------------
+
+    async def verify(self, request: MemberRequest) -> Outcome:
+        """Answer one validated /verify request: a scored or masked outcome, or a rejection."""
+        if self.closed:
+            return Rejected(503, messages.SHUTTING_DOWN)
+        if not self.config.group_mode:
+            return Scored(self.config.default_score, None)
+        if request.group_id is not None and not request.attempt_given:
+            if not self._attempt_omission_logged:
+                self._attempt_omission_logged = True
+                log.info(messages.ATTEMPT_OMITTED)
+        fingerprint = fingerprint_json(request.response_raw)
+        self.counters.fingerprints += 1
+        assert request.rollout_index is not None
+        arrival = Arrival(
+            group_id=request.group_id,
+            attempt=request.attempt,
+            slot=request.rollout_index,
+            task_index=request.task_index,
+            prompt_id=request.prompt_id,
+            digest=self._prompt_digest(request),
+            fingerprint=fingerprint,
+            prepare=partial(self._prepare_member, request),
+        )
+        woken = trio.Event()
+        decision = self.registry.arrive(arrival, trio.current_time(), woken.set)
+        self._apply(decision.effects)
+        reply = decision.reply
+        if isinstance(reply, Answer):
+            return reply.outcome
+        try:
+            await woken.wait()
+        except BaseException:
+            # A disconnect removes only this request's waiter (C-51); the group goes on.
+            self.registry.detach(reply.record, reply.slot, reply.waiter)
+            raise
+        assert reply.waiter.outcome is not None
+        return reply.waiter.outcome
+
+    def _prompt_digest(self, request: MemberRequest) -> str:
+        value: dict[str, Any] = {"input": request.input_value, "principle": request.principle}
+        if self.config.comparison_strategy == "fixed_baseline":
+            value["baseline"] = request.baseline
+        return digest_hex(value)
+
+    def _prepare_member(
+        self, request: MemberRequest, first: bool
+    ) -> tuple[MemberTexts, GroupInputs | None]:
+        assert request.rollout_index is not None
+        if self.hooks.on_conversion is not None:
+            self.hooks.on_conversion(request.rollout_index)
+        reasoning, answer = extract_scoring_text(request.response_value)
+        self.counters.extractions += 1
+        if not first:
+            return MemberTexts(reasoning, answer), None
+        self.counters.conversions += 1
+        history = convert_history(request.input_value)
+        principle = effective_principle(
+            request.principle, self.config.default_principle, self.config.use_principle
+        )
+        baseline = request.baseline if self.config.comparison_strategy == "fixed_baseline" else None
+        order = (
+            baseline_order_digest(baseline, history, principle) if baseline is not None else None
+        )
+        return MemberTexts(reasoning, answer), GroupInputs(history, principle, baseline, order)
+
+    # ---- effects -------------------------------------------------------------------------------
+
+    def _apply(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            record = effect.record
+            if isinstance(effect, StartGroup):
+                record.handle = GroupHandle()
+                self._spawn(self._run_group, record)
+            elif isinstance(effect, BeginEvaluation):
+                handle: GroupHandle = record.handle
+                handle.evaluation_deadline = (
+                    trio.current_time() + self.config.cohort_evaluation_timeout_s
+                )
+                handle.ready.set()
+            elif isinstance(effect, CancelGroup) and record.handle is not None:
+                record.handle.scope.cancel()
+
+    def _spawn(self, fn: Any, *args: Any) -> None:
+        assert self._nursery is not None, "the engine is not running"
+        self._owned_tasks += 1
+        # A fresh, empty context: nothing of the member request that triggered the spawn
+        # (context variables, trace ids) may reach the group's work or its judge calls (I-8).
+        contextvars.Context().run(self._nursery.start_soon, self._owned, fn, *args)
+
+    async def _owned(self, fn: Any, *args: Any) -> None:
+        try:
+            await fn(*args)
+        finally:
+            self._owned_tasks -= 1
+            if self._owned_tasks == 0 and self._shutdown_started:
+                self._tasks_done.set()
+
+    # ---- a group's life ------------------------------------------------------------------------
+
+    async def _run_group(self, record: Record) -> None:
+        handle: GroupHandle = record.handle
+        with handle.scope:
+            collection_deadline = record.started_at + self.config.cohort_collection_timeout_s
+            with trio.move_on_at(collection_deadline):
+                await handle.ready.wait()
+            if not handle.ready.is_set():
+                self.registry.collection_expired(record, trio.current_time())
+                return
+            await self._evaluate(record, handle)
+
+    async def _evaluate(self, record: Record, handle: GroupHandle) -> None:
+        tasks = self._judge_tasks(record)
+        verdicts: dict[int, Verdict] = {}
+        finished = [0]
+        deadline = handle.evaluation_deadline
+        try:
+            with trio.move_on_at(deadline) as scope:
+                await call_hook(self.hooks.on_evaluation_start, record.key)
+                async with trio.open_nursery() as nursery:
+                    for comparison, task in zip(record.plan, tasks, strict=True):
+                        nursery.start_soon(
+                            self._compare, record, comparison, task, deadline, verdicts, finished
+                        )
+            now = trio.current_time()
+            # cancel_called also covers a deadline that expired in the same instant as the
+            # last comparison's own request deadline: the evaluation deadline wins (M-7).
+            if scope.cancel_called:
+                self.registry.evaluation_deadline(record, finished[0], now)
+            else:
+                self.registry.finish_evaluation(record, verdicts, now)
+        except Exception as exc:
+            cause = _first_error(exc)
+            log.error(
+                "GenRM cohort evaluation failed for key='%s'",
+                messages.log_key(record.key),
+                exc_info=cause,
+            )
+            self.registry.fail_evaluation(
+                record, messages.evaluation_failed(cause), trio.current_time()
+            )
+        except BaseException:
+            # Cancelled from outside. Supersession and shutdown have already failed the
+            # record, so this only records anything for an unexplained cancellation.
+            self.registry.fail_evaluation(
+                record, messages.EVALUATION_CANCELLED, trio.current_time()
+            )
+            raise
+
+    def _judge_tasks(self, record: Record) -> list[JudgeTask]:
+        inputs = record.inputs
+        assert inputs is not None
+        answers = []
+        for slot in range(record.size):
+            texts = record.members[slot].texts
+            assert texts is not None
+            answers.append(judge_answer_text(texts.answer))
+        if inputs.baseline is not None:
+            answers.append(judge_answer_text(inputs.baseline))
+        return [
+            JudgeTask(
+                history=inputs.history,
+                principle=inputs.principle,
+                text_1=answers[c.first],
+                text_2=answers[c.second],
+                pair=(c.first, c.second),
+                judge_pass=c.judge_pass,
+            )
+            for c in record.plan
+        ]
+
+    async def _compare(
+        self,
+        record: Record,
+        comparison: Comparison,
+        task: JudgeTask,
+        deadline: float,
+        verdicts: dict[int, Verdict],
+        finished: list[int],
+    ) -> None:
+        await call_hook(
+            self.hooks.on_comparison_start,
+            comparison.first,
+            comparison.second,
+            comparison.judge_pass,
+        )
+        result = await self.judge.judge(task, deadline=deadline)
+        finished[0] += 1
+        if isinstance(result, JudgeFailure):
+            self.registry.comparison_failed(record, comparison, result.text)
+        else:
+            verdicts[comparison.index] = result.verdict
+
+    # ---- verification hooks (I-21, I-22) -------------------------------------------------------
+
+    def statistics(self) -> Statistics:
+        return self.registry.statistics(
+            owned_tasks=self._owned_tasks, judge_in_flight=self.judge.in_flight
+        )
+
+    def check_invariants(self) -> None:
+        self.registry.check_invariants()
+        if self._shutdown_done.is_set() and self._owned_tasks:
+            raise AssertionError("owned tasks still running after shutdown")
+
+    def health(self) -> Mapping[str, int]:
+        stats = self.statistics()
+        return {
+            "active_groups": stats.active_groups,
+            "retained_records": stats.retained_records,
+            "watermarks": stats.watermarks,
+            "judge_in_flight": stats.judge_in_flight,
+        }
+
+
+def _first_error(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group: the error a nursery collected first."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc

@@ -1,0 +1,27 @@
+"""Fault-injection points for tests (SPEC I-20): conversion, comparison start, evaluation start.
+
+A hook that raises simulates a non-judge error at that point; comparison and evaluation hooks may
+be coroutines, so a test can also hold them open for a while.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    on_conversion: Callable[[int], None] | None = None
+    on_comparison_start: Callable[[int, int, int], Awaitable[None] | None] | None = None
+    on_evaluation_start: Callable[[str], Awaitable[None] | None] | None = None
+
+
+async def call_hook(hook: Callable[..., Any] | None, *args: Any) -> None:
+    if hook is None:
+        return
+    result = hook(*args)
+    if inspect.isawaitable(result):
+        await result
