@@ -6,7 +6,6 @@ Validation happens once, at load; every invalid key is reported on its own line.
 from __future__ import annotations
 
 import copy
-import decimal
 import math
 import os
 import re
@@ -16,6 +15,8 @@ from typing import Any, ClassVar, Literal, get_args
 
 import msgspec
 import yaml
+
+from genrm_trio.core.messages import format_seconds
 
 DEFAULT_PRINCIPLE = (
     "You are an impartial judge comparing two assistant responses to the conversation above. "
@@ -122,16 +123,6 @@ class _Invalid(Exception):
 
 
 _Check = Callable[[Any], Any]
-
-
-def format_seconds(seconds: float) -> str:
-    """A duration as the shortest decimal that reads back to the same float, with a fraction."""
-    text = repr(float(seconds))
-    if "e" in text:
-        text = format(decimal.Decimal(text), "f")
-    if "." not in text:
-        text += ".0"
-    return text
 
 
 def url_without_userinfo(url: str) -> str:

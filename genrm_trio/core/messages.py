@@ -5,6 +5,8 @@ Clients match on these phrases (SPEC §2.6), so each lives here exactly once.
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 MIGRATION_SUFFIX = (
     " This legacy group has failed; to retry, send the whole group again under a fresh"
     " _ng_group_id shared by every member. Reusing the task/prompt key could mix delayed"
@@ -17,8 +19,13 @@ ATTEMPT_OMITTED = "GenRM group attempt omitted; treating requests as group attem
 
 
 def format_seconds(value: float) -> str:
-    """A duration as the shortest decimal that reads back to the same float, e.g. 0.2 or 1800.0."""
-    return repr(float(value))
+    """A duration as the shortest decimal that reads back to the same float, e.g. 0.2 or 1800.0.
+
+    Always positional with a fractional part: 1e-05 is written 0.00001 and 1e+16 as
+    10000000000000000.0.
+    """
+    text = format(Decimal(repr(float(value))), "f")
+    return text if "." in text else text + ".0"
 
 
 def exception_text(exc: BaseException) -> str:
