@@ -63,7 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from genrm_trio.demo import run_demo
 
     configure_logging("ERROR")
-    return run_demo(seed=args.seed, judge_api=args.judge_api, as_json=args.json)
+    try:
+        return run_demo(seed=args.seed, judge_api=args.judge_api, as_json=args.json)
+    except BrokenPipeError:
+        # The reader went away (`demo | head`); nothing left to report.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _serve_command(args: argparse.Namespace) -> int:

@@ -120,6 +120,7 @@ class TaskResult:
     group_id: str
     calls: int
     rows: list[dict[str, Any]] = field(default_factory=list)
+    raw_rows: list[bytes] = field(default_factory=list)
 
     @property
     def masked(self) -> set[int]:
@@ -144,6 +145,7 @@ async def _run_task(
     judge.set_rules(task.rules)
     before = judge.stats()["requests_total"]
     rows: list[dict[str, Any] | None] = [None] * GROUP_SIZE
+    raw_rows = [b""] * GROUP_SIZE
 
     async def post(slot: int) -> None:
         reply = await client.post(
@@ -152,6 +154,7 @@ async def _run_task(
         if reply.status_code != 200:
             raise RuntimeError(f"/verify answered {reply.status_code}: {reply.text}")
         rows[slot] = reply.json()
+        raw_rows[slot] = reply.content
 
     async with trio.open_nursery() as nursery:
         for slot in range(GROUP_SIZE):
@@ -159,6 +162,7 @@ async def _run_task(
     calls = judge.stats()["requests_total"] - before
     result = TaskResult(number, task, f"demo-{number}-{seed}", calls)
     result.rows = [row for row in rows if row is not None]
+    result.raw_rows = raw_rows
     return result
 
 
@@ -249,8 +253,8 @@ async def _demo(seed: int, judge_api: str, as_json: bool) -> int:
     problem = _self_check(results)
     if as_json:
         for result in results:
-            for row in result.rows:
-                print(msgspec.json.encode(row).decode())
+            for raw in result.raw_rows:
+                print(raw.decode())
     else:
         _print_tables(results)
     if problem is not None:

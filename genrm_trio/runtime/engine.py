@@ -276,6 +276,14 @@ class Engine:
                 self.registry.evaluation_deadline(record, finished[0], now)
             else:
                 self.registry.finish_evaluation(record, verdicts, now)
+            if self.config.debug_logging:
+                log.debug(
+                    "GenRM verdicts key='%s' comparisons=%d verdicts=%d failed=%d",
+                    messages.log_key(record.key),
+                    len(record.plan),
+                    len(verdicts),
+                    len(record.failed_comparisons),
+                )
         except Exception as exc:
             cause = _first_error(exc)
             log.error(
