@@ -24,6 +24,21 @@ from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.fake_judge_http import serve_fake_judge
 
 GROUP_SIZE = 16
+# The judge's name in failure texts; the demo routes it to the fake judge's free port, so the
+# printed reasons do not change from run to run (CL-22).
+JUDGE_URL = "http://fake-judge/v1"
+
+
+class _ToLoopbackPort(httpx.AsyncHTTPTransport):
+    """Sends every judge request over TCP to the fake judge's port on 127.0.0.1."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__()
+        self._port = port
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        request.url = request.url.copy_with(host="127.0.0.1", port=self._port)
+        return await super().handle_async_request(request)
 
 
 @dataclass(frozen=True)
@@ -212,7 +227,7 @@ async def _demo(seed: int, judge_api: str, as_json: bool) -> int:
         judge_port = await nursery.start(serve_fake_judge, judge, "127.0.0.1", 0)
         config = config_from_mapping(
             {
-                "judge_base_url": f"http://127.0.0.1:{judge_port}/v1",
+                "judge_base_url": JUDGE_URL,
                 "judge_model": "fake-judge",
                 "judge_api": judge_api,
                 "num_rollouts_per_prompt": GROUP_SIZE,
@@ -226,7 +241,7 @@ async def _demo(seed: int, judge_api: str, as_json: bool) -> int:
                 "port": 0,
             }
         )
-        app = create_app(config)
+        app = create_app(config, judge_transport=_ToLoopbackPort(judge_port))
         settings = HypercornConfig()
         settings.bind = ["127.0.0.1:0"]
         settings.accesslog = None

@@ -89,6 +89,7 @@ def demo_runs() -> Iterator[dict[str, subprocess.CompletedProcess[str]]]:
         "second": run_demo(),
         "responses": run_demo("--judge-api", "responses"),
         "json": run_demo("--json"),
+        "json_again": run_demo("--json"),
     }
 
 
@@ -125,6 +126,8 @@ def test_demo_output_is_identical_across_runs(
     first, second = demo_runs["first"], demo_runs["second"]
     assert second.returncode == 0, second.stderr
     assert second.stdout == first.stdout
+    # The JSON rows carry whole failure texts, judge URL included: they repeat exactly too.
+    assert demo_runs["json_again"].stdout == demo_runs["json"].stdout
 
 
 def test_demo_on_the_responses_api_gives_the_same_masks_and_rewards(
