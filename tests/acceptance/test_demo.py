@@ -233,7 +233,7 @@ def test_demo_failure_reasons_name_the_injected_faults(
         text = reason(2, slot)
         assert text.startswith(
             f"GenRM rollout_index={slot} lost a comparison to a judge failure "
-            "(1 of 16 comparisons failed): GenRM judge http://127.0.0.1:"
+            "(1 of 16 comparisons failed): GenRM judge http://fake-judge/v1/chat/completions "
         )
         assert "pair=(15, 0) judge=0 attempt=2/2 " in text
         assert "Judge returned no completed answer after 2 attempts (2 of them exhausted" in text
