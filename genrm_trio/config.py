@@ -79,6 +79,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     shutdown_grace_s: float = 5.0
     log_level: LogLevel = "INFO"
     debug_logging: bool = False
+    early_judging: bool = False
 
     @property
     def group_mode(self) -> bool:
@@ -368,6 +369,7 @@ _CHECKS: dict[str, _Check] = {
     "shutdown_grace_s": _number(above=0),
     "log_level": _choice(LogLevel),
     "debug_logging": _boolean,
+    "early_judging": _boolean,
 }
 
 CONFIG_KEYS: tuple[str, ...] = tuple(_CHECKS)

@@ -134,7 +134,16 @@ class StartGroup(NamedTuple):
     record: Record
 
 
+class StartComparisons(NamedTuple):
+    """Judge these comparisons now: their slots are filled (all of them, or early judging)."""
+
+    record: Record
+    comparisons: list[Comparison]
+
+
 class BeginEvaluation(NamedTuple):
+    """The group is full: arm the evaluation deadline."""
+
     record: Record
 
 
@@ -144,7 +153,7 @@ class CancelGroup(NamedTuple):
     record: Record
 
 
-Effect = StartGroup | BeginEvaluation | CancelGroup
+Effect = StartGroup | StartComparisons | BeginEvaluation | CancelGroup
 
 
 class Answer(NamedTuple):
@@ -198,6 +207,7 @@ class Record:
     members: dict[int, Member] = field(default_factory=dict)
     inputs: GroupInputs | None = None
     plan: list[Comparison] = field(default_factory=list)
+    dispatched: set[int] = field(default_factory=set)  # comparison indexes handed to the runtime
     # comparison index -> judge error text, filled as comparisons fail (M-10)
     failed_comparisons: dict[int, str] = field(default_factory=dict)
     failure: Failure | None = None
@@ -393,23 +403,45 @@ class GroupRegistry:
             return Answer(self.failure_outcome(record))
         if first:
             record.inputs = inputs
+            record.plan = self._plan(inputs)
         waiter = Waiter(wake)
         record.members[slot] = Member(slot, arrival.fingerprint, texts, [waiter])
         if first:
             effects.append(StartGroup(record))
         if len(record.members) == record.size:
             self._begin_evaluation(record, effects)
+        elif self.config.early_judging:
+            self._dispatch(record, self._ready_with(record, slot), effects)
         return Wait(waiter, record, slot)
 
-    def _begin_evaluation(self, record: Record, effects: list[Effect]) -> None:
-        record.phase = Phase.EVALUATING
-        inputs = record.inputs
-        record.plan = plan_comparisons(
+    def _plan(self, inputs: GroupInputs | None) -> list[Comparison]:
+        return plan_comparisons(
             self.config.comparison_strategy,
-            record.size,
+            self.size,
             self.config.num_judges_per_comparison,
             baseline_digest=inputs.baseline_digest if inputs is not None else None,
         )
+
+    def _ready_with(self, record: Record, slot: int) -> list[Comparison]:
+        """Comparisons of `slot` whose other side is present too (the baseline always is)."""
+        members = record.members
+        return [
+            c
+            for c in record.plan
+            if slot in (c.first, c.second)
+            and (c.first in members or c.first == record.size)
+            and (c.second in members or c.second == record.size)
+        ]
+
+    def _dispatch(self, record: Record, ready: list[Comparison], effects: list[Effect]) -> None:
+        fresh = [c for c in ready if c.index not in record.dispatched]
+        if fresh:
+            record.dispatched.update(c.index for c in fresh)
+            effects.append(StartComparisons(record, fresh))
+
+    def _begin_evaluation(self, record: Record, effects: list[Effect]) -> None:
+        record.phase = Phase.EVALUATING
+        self._dispatch(record, record.plan, effects)
         effects.append(BeginEvaluation(record))
 
     def detach(self, record: Record, slot: int, waiter: Waiter) -> None:
@@ -432,7 +464,7 @@ class GroupRegistry:
     def comparison_failed(self, record: Record, comparison: Comparison, text: str) -> None:
         """Note a failed comparison as it fails, before anything else ends the group (M-10)."""
         with critical_section():
-            if record.phase is not Phase.EVALUATING:
+            if not record.phase.active:
                 return
             record.failed_comparisons[comparison.index] = text
             self._log(

@@ -332,12 +332,13 @@ class JudgeClient:
         await self._http.aclose()
 
     async def judge(
-        self, task: JudgeTask, *, deadline: float = math.inf
+        self, task: JudgeTask, *, deadline: float | Callable[[], float] = math.inf
     ) -> JudgeVerdict | JudgeFailure:
         """Run one comparison's attempt loop (J-20…J-32).
 
-        ``deadline`` is the absolute Trio time of the enclosing deadline; a retry sleep that
-        would end after it is not taken (J-32). The caller's own cancel scope bounds the call.
+        ``deadline`` is the absolute Trio time of the enclosing deadline, or a function giving
+        it when it can still move; a retry sleep that would end after it is not taken (J-32).
+        The caller's own cancel scope bounds the call.
         """
         config = self._config
         body = encode_body(
@@ -380,7 +381,8 @@ class JudgeClient:
                 max_s=config.judge_retry_max_sleep_s,
             )
             sleep_s = retry_sleep(outcome, drawn)
-            if trio.current_time() + sleep_s > deadline:
+            limit = deadline() if callable(deadline) else deadline
+            if trio.current_time() + sleep_s > limit:
                 conclusion = conclude_without_time(
                     outcomes, default=self._default, max_output_tokens=self._max_output_tokens
                 )

@@ -33,6 +33,7 @@ from genrm_trio.core.groups import (
     Record,
     Rejected,
     Scored,
+    StartComparisons,
     StartGroup,
     Statistics,
 )
@@ -77,11 +78,18 @@ class Counters:
 
 @dataclass(eq=False)
 class GroupHandle:
-    """The runtime side of one record: its cancel scope and its evaluation trigger."""
+    """The runtime side of one record: its cancel scope, queued comparisons and results."""
 
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    ready: trio.Event = field(default_factory=trio.Event)
+    ready: trio.Event = field(default_factory=trio.Event)  # the group is full
+    wake: trio.Event = field(default_factory=trio.Event)  # comparisons were queued
+    queued: list[Comparison] = field(default_factory=list)
     evaluation_deadline: float = math.inf
+    verdicts: dict[int, Verdict] = field(default_factory=dict)
+    finished: int = 0
+
+    def retry_deadline(self) -> float:
+        return self.evaluation_deadline
 
 
 class Engine:
@@ -219,12 +227,16 @@ class Engine:
             if isinstance(effect, StartGroup):
                 record.handle = GroupHandle()
                 self._spawn(self._run_group, record)
+            elif isinstance(effect, StartComparisons):
+                record.handle.queued.extend(effect.comparisons)
+                record.handle.wake.set()
             elif isinstance(effect, BeginEvaluation):
                 handle: GroupHandle = record.handle
                 handle.evaluation_deadline = (
                     trio.current_time() + self.config.cohort_evaluation_timeout_s
                 )
                 handle.ready.set()
+                handle.wake.set()
             elif isinstance(effect, CancelGroup) and record.handle is not None:
                 record.handle.scope.cancel()
 
@@ -246,92 +258,103 @@ class Engine:
     # ---- a group's life ------------------------------------------------------------------------
 
     async def _run_group(self, record: Record) -> None:
+        """Collect, judge and publish one record; everything it starts lives in its scope.
+
+        The comparisons nursery spans collection and evaluation, so comparisons started early
+        (early judging) and the rest are cancelled and drained together by either deadline.
+        """
         handle: GroupHandle = record.handle
         with handle.scope:
-            collection_deadline = record.started_at + self.config.cohort_collection_timeout_s
-            with trio.move_on_at(collection_deadline):
-                await handle.ready.wait()
-            if not handle.ready.is_set():
-                self.registry.collection_expired(record, trio.current_time())
-                return
-            await self._evaluate(record, handle)
-
-    async def _evaluate(self, record: Record, handle: GroupHandle) -> None:
-        tasks = self._judge_tasks(record)
-        verdicts: dict[int, Verdict] = {}
-        finished = [0]
-        deadline = handle.evaluation_deadline
-        try:
-            with trio.move_on_at(deadline) as scope:
-                await call_hook(self.hooks.on_evaluation_start, record.key)
-                async with trio.open_nursery() as nursery:
-                    for comparison, task in zip(record.plan, tasks, strict=True):
-                        nursery.start_soon(
-                            self._compare, record, comparison, task, deadline, verdicts, finished
-                        )
-            now = trio.current_time()
-            # cancel_called also covers a deadline that expired in the same instant as the
-            # last comparison's own request deadline: the evaluation deadline wins (M-7).
-            if scope.cancel_called:
-                self.registry.evaluation_deadline(record, finished[0], now)
-            else:
-                self.registry.finish_evaluation(record, verdicts, now)
-            if self.config.debug_logging:
-                log.debug(
-                    "GenRM verdicts key='%s' comparisons=%d verdicts=%d failed=%d",
+            try:
+                async with trio.open_nursery() as comparisons:
+                    if not await self._collect(record, handle, comparisons):
+                        comparisons.cancel_scope.cancel()
+                        return
+                    comparisons.cancel_scope.deadline = handle.evaluation_deadline
+                    await call_hook(self.hooks.on_evaluation_start, record.key)
+                    self._start_queued(record, handle, comparisons)
+                now = trio.current_time()
+                # cancel_called also covers a deadline that expired in the same instant as the
+                # last comparison's own request deadline: the evaluation deadline wins (M-7).
+                if comparisons.cancel_scope.cancel_called:
+                    self.registry.evaluation_deadline(record, handle.finished, now)
+                else:
+                    self.registry.finish_evaluation(record, handle.verdicts, now)
+                if self.config.debug_logging:
+                    log.debug(
+                        "GenRM verdicts key='%s' comparisons=%d verdicts=%d failed=%d",
+                        messages.log_key(record.key),
+                        len(record.plan),
+                        len(handle.verdicts),
+                        len(record.failed_comparisons),
+                    )
+            except Exception as exc:
+                cause = _first_error(exc)
+                log.error(
+                    "GenRM cohort evaluation failed for key='%s'",
                     messages.log_key(record.key),
-                    len(record.plan),
-                    len(verdicts),
-                    len(record.failed_comparisons),
+                    exc_info=cause,
                 )
-        except Exception as exc:
-            cause = _first_error(exc)
-            log.error(
-                "GenRM cohort evaluation failed for key='%s'",
-                messages.log_key(record.key),
-                exc_info=cause,
-            )
-            self.registry.fail_evaluation(
-                record, messages.evaluation_failed(cause), trio.current_time()
-            )
-        except BaseException:
-            # Cancelled from outside. Supersession and shutdown have already failed the
-            # record, so this only records anything for an unexplained cancellation.
-            self.registry.fail_evaluation(
-                record, messages.EVALUATION_CANCELLED, trio.current_time()
-            )
-            raise
+                self.registry.fail_evaluation(
+                    record, messages.evaluation_failed(cause), trio.current_time()
+                )
+            except BaseException:
+                # Cancelled from outside. Supersession and shutdown have already failed the
+                # record, so this only records anything for an unexplained cancellation.
+                self.registry.fail_evaluation(
+                    record, messages.EVALUATION_CANCELLED, trio.current_time()
+                )
+                raise
 
-    def _judge_tasks(self, record: Record) -> list[JudgeTask]:
+    async def _collect(
+        self, record: Record, handle: GroupHandle, comparisons: trio.Nursery
+    ) -> bool:
+        """Wait for the group to fill, starting comparisons as they become ready."""
+        collection_deadline = record.started_at + self.config.cohort_collection_timeout_s
+        with trio.move_on_at(collection_deadline):
+            while True:
+                self._start_queued(record, handle, comparisons)
+                if handle.ready.is_set():
+                    return True
+                await handle.wake.wait()
+                handle.wake = trio.Event()
+        # Filling the group and arming the evaluation happen in one critical section, so the
+        # last member and the deadline can never both win (C-95).
+        if handle.ready.is_set():
+            return True
+        self.registry.collection_expired(record, trio.current_time())
+        return False
+
+    def _start_queued(self, record: Record, handle: GroupHandle, nursery: trio.Nursery) -> None:
+        queued, handle.queued = handle.queued, []
+        for comparison in queued:
+            nursery.start_soon(
+                self._compare, record, handle, comparison, self._judge_task(record, comparison)
+            )
+
+    def _judge_task(self, record: Record, comparison: Comparison) -> JudgeTask:
         inputs = record.inputs
         assert inputs is not None
-        answers = []
-        for slot in range(record.size):
+
+        def text(slot: int) -> str:
+            if slot == record.size:
+                assert inputs.baseline is not None
+                return judge_answer_text(inputs.baseline)
             texts = record.members[slot].texts
             assert texts is not None
-            answers.append(judge_answer_text(texts.answer))
-        if inputs.baseline is not None:
-            answers.append(judge_answer_text(inputs.baseline))
-        return [
-            JudgeTask(
-                history=inputs.history,
-                principle=inputs.principle,
-                text_1=answers[c.first],
-                text_2=answers[c.second],
-                pair=(c.first, c.second),
-                judge_pass=c.judge_pass,
-            )
-            for c in record.plan
-        ]
+            return judge_answer_text(texts.answer)
+
+        return JudgeTask(
+            history=inputs.history,
+            principle=inputs.principle,
+            text_1=text(comparison.first),
+            text_2=text(comparison.second),
+            pair=(comparison.first, comparison.second),
+            judge_pass=comparison.judge_pass,
+        )
 
     async def _compare(
-        self,
-        record: Record,
-        comparison: Comparison,
-        task: JudgeTask,
-        deadline: float,
-        verdicts: dict[int, Verdict],
-        finished: list[int],
+        self, record: Record, handle: GroupHandle, comparison: Comparison, task: JudgeTask
     ) -> None:
         await call_hook(
             self.hooks.on_comparison_start,
@@ -339,12 +362,15 @@ class Engine:
             comparison.second,
             comparison.judge_pass,
         )
-        result = await self.judge.judge(task, deadline=deadline)
-        finished[0] += 1
+        # A retry sleep must not outlast the evaluation deadline (J-32); while the group is
+        # still collecting that deadline is not known yet and nothing bounds the sleep but the
+        # collection deadline's cancellation.
+        result = await self.judge.judge(task, deadline=handle.retry_deadline)
+        handle.finished += 1
         if isinstance(result, JudgeFailure):
             self.registry.comparison_failed(record, comparison, result.text)
         else:
-            verdicts[comparison.index] = result.verdict
+            handle.verdicts[comparison.index] = result.verdict
 
     # ---- verification hooks (I-21, I-22) -------------------------------------------------------
 

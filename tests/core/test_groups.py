@@ -19,6 +19,7 @@ from genrm_trio.core.groups import (
     Phase,
     Rejected,
     Scored,
+    StartComparisons,
     StartGroup,
     Wait,
     group_key,
@@ -96,10 +97,27 @@ def test_members_wait_until_the_group_is_full_then_evaluation_starts() -> None:
     assert isinstance(first.reply, Wait)
     assert [type(e) for e in first.effects] == [StartGroup]
     second = registry.arrive(arrival(1), 0.0, Wakes())
-    assert [type(e) for e in second.effects] == [BeginEvaluation]
+    assert [type(e) for e in second.effects] == [StartComparisons, BeginEvaluation]
+    assert second.effects[0].comparisons == second.reply.record.plan
     record = second.reply.record
     assert record.phase is Phase.EVALUATING
     assert [(c.first, c.second) for c in record.plan] == [(0, 1), (1, 0)]
+    registry.check_invariants()
+
+
+def test_early_judging_starts_each_comparison_once_both_slots_are_filled() -> None:
+    registry = make_registry(num_rollouts_per_prompt=4, early_judging=True)
+    started: list[tuple[int, int]] = []
+    for slot in (0, 2, 1, 3):
+        decision = registry.arrive(arrival(slot), 0.0, Wakes())
+        for effect in decision.effects:
+            if isinstance(effect, StartComparisons):
+                started.extend((c.first, c.second) for c in effect.comparisons)
+        if slot == 1:
+            # (0, 1) and (1, 2) became judgeable; the group is still collecting.
+            assert started == [(0, 1), (1, 2)]
+            assert decision.reply.record.phase is Phase.COLLECTING
+    assert started == [(0, 1), (1, 2), (2, 3), (3, 0)]
     registry.check_invariants()
 
 
