@@ -1,4 +1,4 @@
-"""The `genrm-trio` console script: `serve`, `fake-judge` and `demo` (SPEC §8).
+"""The `genrm-trio` console script: `serve`, `fake-judge` and `demo`.
 
 Logs go to stderr; stdout carries only the documented lines. Exit 0 success, 1 runtime failure,
 2 usage or configuration error.
@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -19,6 +20,9 @@ from genrm_trio import __version__
 from genrm_trio.config import Config, ConfigError, load_config
 from genrm_trio.logs import configure_logging, startup_lines
 from genrm_trio.testing import fake_judge_cli
+
+if TYPE_CHECKING:
+    from hypercorn.config import Config as HypercornConfig
 
 log = logging.getLogger("genrm_trio")
 
@@ -84,27 +88,42 @@ def _serve_command(args: argparse.Namespace) -> int:
     configure_logging(config.log_level)
     for line in startup_lines(config):
         log.info(line)
+    failure: BaseException | None = None
     try:
         trio.run(serve, config)
-    except OSError as exc:
-        print(f"genrm-trio: cannot serve on {config.host}:{config.port}: {exc}", file=sys.stderr)
+    except* OSError as group:
+        # Binding happens inside hypercorn's nursery, so the error arrives wrapped in a group.
+        failure = group
+        while isinstance(failure, BaseExceptionGroup):
+            failure = failure.exceptions[0]
+    if failure is not None:
+        print(
+            f"genrm-trio: cannot serve on {config.host}:{config.port}: {failure}", file=sys.stderr
+        )
         return 1
     return 0
 
 
-async def serve(config: Config) -> None:
-    """Serve until SIGINT/SIGTERM, then shut down gracefully (CL-4)."""
+def hypercorn_settings(config: Config) -> HypercornConfig:
+    """hypercorn's settings for `serve`; the HTTP benchmark's echo ceiling uses them too."""
     from hypercorn.config import Config as HypercornConfig
-    from hypercorn.trio import serve as hypercorn_serve
 
-    from genrm_trio.http.app import create_app
-
-    app = create_app(config)
     settings = HypercornConfig()
     settings.bind = [f"{config.host}:{config.port}"]
     settings.graceful_timeout = config.shutdown_grace_s
     settings.accesslog = None
     settings.errorlog = None
+    return settings
+
+
+async def serve(config: Config) -> None:
+    """Serve until SIGINT/SIGTERM, then shut down gracefully (CL-4)."""
+    from hypercorn.trio import serve as hypercorn_serve
+
+    from genrm_trio.http.app import create_app
+
+    app = create_app(config)
+    settings = hypercorn_settings(config)
     stop = trio.Event()
 
     async with trio.open_nursery() as nursery:

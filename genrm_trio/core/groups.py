@@ -556,6 +556,7 @@ class GroupRegistry:
 
     def _publish(self, record: Record, now: float) -> None:
         record.phase = Phase.COMPLETED
+        total = len(record.plan)
         scored = masked = 0
         for member in record.members.values():
             assert member.outcome is not None
@@ -572,13 +573,13 @@ class GroupRegistry:
                 waiter.resolve(member.outcome)
             member.waiters = []
             member.texts = None
-        record.inputs = None
+        failed_comparisons = len(record.failed_comparisons)
+        self._drop_working_state(record)
         self._log(
             30 if masked else 20,
             f"GenRM cohort disposition=completed key='{messages.log_key(record.key)}' "
             f"attempt={record.attempt} members={len(record.members)} scored={scored} "
-            f"masked={masked} failed_comparisons={len(record.failed_comparisons)}/"
-            f"{len(record.plan)}",
+            f"masked={masked} failed_comparisons={failed_comparisons}/{total}",
         )
         self._become_terminal(record, now)
 
@@ -595,7 +596,7 @@ class GroupRegistry:
                 waiter.resolve(outcome)
             member.waiters = []
             member.texts = None
-        record.inputs = None
+        self._drop_working_state(record)
         effects.append(CancelGroup(record))
         self._log(
             30,
@@ -604,6 +605,14 @@ class GroupRegistry:
             f'reason="{text[:500]}"',
         )
         self._become_terminal(record, now)
+
+    @staticmethod
+    def _drop_working_state(record: Record) -> None:
+        """C-34: a finished record keeps fingerprints, outcomes and its failure, nothing else."""
+        record.inputs = None
+        record.plan = []
+        record.dispatched = set()
+        record.failed_comparisons = {}
 
     def _become_terminal(self, record: Record, now: float) -> None:
         """C-88: stamp the terminal time and enter the retention indexes."""
@@ -740,7 +749,10 @@ class GroupRegistry:
                 for member in record.members.values():
                     require(not member.waiters, "terminal record has waiters")
                     require(member.texts is None, "terminal record keeps scoring texts")
-                require(record.inputs is None, "terminal record keeps its inputs")
+                require(
+                    record.inputs is None and not record.plan and not record.failed_comparisons,
+                    "terminal record keeps its inputs or plan",
+                )
             if record.phase is Phase.FAILED:
                 require(
                     all(m.outcome is None for m in record.members.values()),

@@ -274,12 +274,6 @@ class Engine:
                     await call_hook(self.hooks.on_evaluation_start, record.key)
                     self._start_queued(record, handle, comparisons)
                 now = trio.current_time()
-                # cancel_called also covers a deadline that expired in the same instant as the
-                # last comparison's own request deadline: the evaluation deadline wins (M-7).
-                if comparisons.cancel_scope.cancel_called:
-                    self.registry.evaluation_deadline(record, handle.finished, now)
-                else:
-                    self.registry.finish_evaluation(record, handle.verdicts, now)
                 if self.config.debug_logging:
                     log.debug(
                         "GenRM verdicts key='%s' comparisons=%d verdicts=%d failed=%d",
@@ -288,6 +282,12 @@ class Engine:
                         len(handle.verdicts),
                         len(record.failed_comparisons),
                     )
+                # cancel_called also covers a deadline that expired in the same instant as the
+                # last comparison's own request deadline: the evaluation deadline wins (M-7).
+                if comparisons.cancel_scope.cancel_called:
+                    self.registry.evaluation_deadline(record, handle.finished, now)
+                else:
+                    self.registry.finish_evaluation(record, handle.verdicts, now)
             except Exception as exc:
                 cause = _first_error(exc)
                 log.error(
@@ -305,6 +305,10 @@ class Engine:
                     record, messages.EVALUATION_CANCELLED, trio.current_time()
                 )
                 raise
+            finally:
+                # The verdicts and queues die with the task; the retained record keeps only
+                # its outcomes (C-34).
+                record.handle = None
 
     async def _collect(
         self, record: Record, handle: GroupHandle, comparisons: trio.Nursery
