@@ -1,0 +1,508 @@
+"""Every invariant check catches its invariant broken on purpose (issue 4: mutation tests).
+
+Each test monkeypatches one defect into the product, plays a short scenario that reaches it,
+and asserts that the runner reports the invariant it breaks. The same scenario passes without
+the defect.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import trio
+
+from genrm_trio.core import groups
+from genrm_trio.core.critical import critical_section
+from genrm_trio.core.groups import (
+    CancelGroup,
+    FailureKind,
+    GroupRegistry,
+    Phase,
+    Record,
+    Scored,
+)
+from genrm_trio.core.retention import AgedIndex
+from genrm_trio.judge.client import JudgeClient, JudgeFailure, JudgeTask
+from genrm_trio.runtime.engine import Engine
+from genrm_trio.testing.scenarios import (
+    Disconnect,
+    Fault,
+    Post,
+    Release,
+    Scenario,
+    ScenarioReport,
+    Shutdown,
+    Step,
+    generate,
+    run_scenario,
+)
+
+SETTINGS: dict[str, Any] = {
+    "num_rollouts_per_prompt": 2,
+    "comparison_strategy": "circular",
+    "num_judges_per_comparison": 1,
+    "genrm_parse_retries": 1,
+    "judge_request_timeout_s": 2.0,
+    "cohort_result_ttl_s": 10.0,
+    "max_terminal_cohorts": 8,
+}
+
+
+class Script:
+    """A hand-written scenario: unique request ids, whole groups in one call."""
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings = {**SETTINGS, **settings}
+        self.steps: list[Step] = []
+        self.faults: list[Fault] = []
+        self._ids = itertools.count()
+
+    @property
+    def size(self) -> int:
+        return int(self.settings["num_rollouts_per_prompt"])
+
+    def post(self, slot: int, g: str = "g", a: int = 0, q: int = 3, **options: Any) -> int:
+        request = next(self._ids)
+        self.steps.append(Post((request,), g, a, slot, q, **options))
+        return request
+
+    def complete(self, g: str = "g", a: int = 0, qualities: list[int] | None = None) -> None:
+        for slot in range(self.size):
+            self.post(slot, g, a, (qualities or [3] * self.size)[slot])
+
+    def fault(self, pair: tuple[int, int], kind: str, g: str = "g", a: int = 0) -> None:
+        self.faults.append(Fault(g, a, pair, kind))
+
+    def then(self, step: Step) -> None:
+        self.steps.append(step)
+
+    def scenario(self) -> Scenario:
+        return Scenario(0, self.settings, tuple(self.faults), tuple(self.steps))
+
+
+def play(script: Script) -> ScenarioReport:
+    return run_scenario(script.scenario(), shrink_failures=False)
+
+
+def invariants_caught(report: ScenarioReport) -> set[str]:
+    return {v.invariant for v in report.violations}
+
+
+def assert_catches(
+    monkeypatch: pytest.MonkeyPatch,
+    script: Script,
+    mutate: Callable[[pytest.MonkeyPatch], None],
+    invariant: str,
+) -> None:
+    clean = play(script)
+    assert clean.ok, clean.summary()
+    with monkeypatch.context() as patch:
+        mutate(patch)
+        report = play(script)
+    assert invariant in invariants_caught(report), report.summary()
+
+
+# ---- I-1: no checkpoint inside bookkeeping -----------------------------------------------------
+
+
+def test_a_checkpoint_inside_arrival_bookkeeping_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Script()
+    script.complete()
+
+    def mutate(patch: pytest.MonkeyPatch) -> None:
+        verify = Engine.verify
+
+        async def verify_with_await(self: Engine, request: Any) -> Any:
+            with critical_section():
+                await trio.lowlevel.checkpoint()  # an await slipped into resolution
+            return await verify(self, request)
+
+        patch.setattr(Engine, "verify", verify_with_await)
+
+    assert_catches(monkeypatch, script, mutate, "I-1")
+
+
+def test_a_checkpoint_inside_evaluation_bookkeeping_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    script = Script()
+    script.complete()
+
+    def mutate(patch: pytest.MonkeyPatch) -> None:
+        judge = JudgeClient.judge
+
+        async def judge_inside(self: JudgeClient, task: Any, *, deadline: float = math.inf) -> Any:
+            with critical_section():
+                return await judge(self, task, deadline=deadline)
+
+        patch.setattr(JudgeClient, "judge", judge_inside)
+
+    assert_catches(monkeypatch, script, mutate, "I-1")
+
+
+# ---- I-2: index consistency ----------------------------------------------------------------
+
+
+def test_supersession_that_leaves_the_old_result_indexed_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    script = Script()
+    script.complete(a=0)
+    script.post(0, a=1)
+
+    def supersede_keeping_index(
+        self: GroupRegistry, record: Record, attempt: int, now: float, effects: list[Any]
+    ) -> None:
+        assert record.group_id is not None
+        if record.phase.active:
+            text = groups.messages.superseded(record.group_id, record.attempt, attempt)
+            self._fail(record, FailureKind.COHORT, text, now, effects)
+        if self.explicit.get(record.group_id) is record:
+            del self.explicit[record.group_id]
+
+    def mutate(patch: pytest.MonkeyPatch) -> None:
+        patch.setattr(GroupRegistry, "_supersede", supersede_keeping_index)
+
+    assert_catches(monkeypatch, script, mutate, "I-2")
+
+
+def test_a_finished_group_missing_from_the_idle_order_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    script = Script()
+    script.complete()
+
+    def terminal_without_idle(self: GroupRegistry, record: Record, now: float) -> None:
+        self.active.pop(id(record), None)
+        record.terminal_time = now
+        self.terminal_index.stamp(id(record), record, now)
+
+    def mutate(patch: pytest.MonkeyPatch) -> None:
+        patch.setattr(GroupRegistry, "_become_terminal", terminal_without_idle)
+
+    assert_catches(monkeypatch, script, mutate, "I-2")
+
+
+# ---- R-1 … R-4: retention order ----------------------------------------------------------
+
+
+def test_a_refresh_that_keeps_the_old_idle_position_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A replay moves its group to the end of the idle order (C-41, R-5.1); the defect updates
+    # the time but leaves the entry where it was, so count eviction would remove the wrong one.
+    script = Script()
+    script.complete(g="a")
+    script.complete(g="b")
+    script.post(0, g="a")
+
+    def stamp_in_place(self: AgedIndex[Any, Any], key: Any, value: Any, now: float) -> None:
+        self._entries[key] = (now, value)
+
+    def mutate(patch: pytest.MonkeyPatch) -> None:
+        patch.setattr(AgedIndex, "stamp", stamp_in_place)
+
+    assert_catches(monkeypatch, script, mutate, "R-1")
+
+
+# ---- I-3: terminal records keep nothing they no longer need ------------------------------------
+
+
+def test_a_published_record_that_keeps_its_texts_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    script = Script()
+    script.complete()
+    publish = GroupRegistry._publish
+
+    def publish_keeping_texts(self: GroupRegistry, record: Record, now: float) -> None:
+        texts = {slot: member.texts for slot, member in record.members.items()}
+        publish(self, record, now)
+        for slot, member in record.members.items():
+            member.texts = texts[slot]
+
+    def mutate(patch: pytest.MonkeyPatch) -> None:
+        patch.setattr(GroupRegistry, "_publish", publish_keeping_texts)
+
+    assert_catches(monkeypatch, script, mutate, "I-3")
+
+
+# ---- I-4: no waiter left behind ------------------------------------------------------------
+
+
+def test_a_disconnect_that_leaves_its_waiter_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Script()
+    request = script.post(0)
+    script.then(Disconnect(request))
+
+    def mutate(patch: pytest.MonkeyPatch) -> None:
+        patch.setattr(GroupRegistry, "detach", lambda self, record, slot, waiter: None)
+
+    assert_catches(monkeypatch, script, mutate, "I-4")
+
+
+def test_a_shutdown_that_forgets_waiting_groups_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    script = Script()
+    script.post(0, g="collecting")
+    script.fault((0, 1), "hold", g="evaluating")
+    script.complete(g="evaluating")
+    script.then(Shutdown())
+
+    def close_only(self: GroupRegistry, now: float) -> list[Any]:
+        with critical_section():
+            self.closed = True
+            return []
+
+    def mutate(patch: pytest.MonkeyPatch) -> None:
+        patch.setattr(GroupRegistry, "shut_down", close_only)
+
+    assert_catches(monkeypatch, script, mutate, "I-4")
+
+
+# ---- I-5: no partial publication ----------------------------------------------------------
+
+
+def test_publishing_one_slot_early_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Script()
+    script.fault((1, 0), "hold")
+    script.complete(qualities=[4, 2])
+    script.then(Release("g", 0, (1, 0)))
+    compare = Engine._compare
+
+    async def compare_then_publish(
+        self: Engine, record: Record, handle: Any, comparison: Any, task: Any
+    ) -> None:
+        await compare(self, record, handle, comparison, task)
+        member = record.members[comparison.first]
+        if record.phase is Phase.EVALUATING and member.outcome is None:
+            member.outcome = Scored(4.0, {})
+            for waiter in member.waiters:
+                waiter.resolve(member.outcome)
+            member.waiters = []
+
+    def mutate(patch: pytest.MonkeyPatch) -> None:
+        patch.setattr(Engine, "_compare", compare_then_publish)
+
+    assert_catches(monkeypatch, script, mutate, "I-5")
+
+
+# ---- I-6: exact judge calls ------------------------------------------------------------------
+
+
+def test_judging_a_comparison_twice_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Script()
+    script.complete()
+    judge = JudgeClient.judge
+
+    async def judge_twice(self: JudgeClient, task: Any, *, deadline: float = math.inf) -> Any:
+        await judge(self, task, deadline=deadline)
+        return await judge(self, task, deadline=deadline)
+
+    def mutate(patch: pytest.MonkeyPatch) -> None:
+        patch.setattr(JudgeClient, "judge", judge_twice)
+
+    assert_catches(monkeypatch, script, mutate, "I-6")
+
+
+def test_a_superseded_group_that_keeps_judging_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Script()
+    script.fault((0, 1), "hold", a=0)
+    script.complete(a=0)
+    script.post(0, a=1)
+    apply = Engine._apply
+
+    def apply_without_cancelling(self: Engine, effects: list[Any]) -> None:
+        apply(self, [e for e in effects if not isinstance(e, CancelGroup)])
+
+    def mutate(patch: pytest.MonkeyPatch) -> None:
+        patch.setattr(Engine, "_apply", apply_without_cancelling)
+
+    assert_catches(monkeypatch, script, mutate, "I-6")
+
+
+def test_a_replay_that_calls_the_judge_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Script()
+    script.complete()
+    script.post(0)
+    verify = Engine.verify
+
+    def replayed_task(record: Record) -> JudgeTask:
+        text = f"answer-0 [[q=3]] [[group={record.group_id}:{record.attempt}]]"
+        return JudgeTask([], None, text, text.replace("answer-0", "answer-1"), (0, 1), 0)
+
+    async def verify_and_rejudge(self: Engine, request: Any) -> Any:
+        outcome = await verify(self, request)
+        record = self.registry.explicit.get(request.group_id)
+        if record is not None and record.phase is Phase.COMPLETED and request.rollout_index == 0:
+            await self.judge.judge(replayed_task(record))
+        return outcome
+
+    def mutate(patch: pytest.MonkeyPatch) -> None:
+        patch.setattr(Engine, "verify", verify_and_rejudge)
+
+    assert_catches(monkeypatch, script, mutate, "I-6")
+
+
+# ---- I-7: finite rewards, one per slot, mapped by slot -------------------------------------
+
+
+def test_rewards_given_to_the_wrong_slots_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Script()
+    script.complete(qualities=[5, 1])
+    score_group = groups.score_group
+
+    def swapped(*args: Any, **kwargs: Any) -> Any:
+        score = score_group(*args, **kwargs)
+        slots = sorted(score.rewards)
+        values = [score.rewards[slot] for slot in reversed(slots)]
+        return score._replace(rewards=dict(zip(slots, values, strict=True)))
+
+    def mutate(patch: pytest.MonkeyPatch) -> None:
+        patch.setattr(groups, "score_group", swapped)
+
+    assert_catches(monkeypatch, script, mutate, "I-7")
+
+
+def test_a_non_finite_published_reward_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Script()
+    script.complete()
+    score_group = groups.score_group
+
+    def infinite(*args: Any, **kwargs: Any) -> Any:
+        score = score_group(*args, **kwargs)
+        return score._replace(rewards={**score.rewards, 0: math.inf})
+
+    def mutate(patch: pytest.MonkeyPatch) -> None:
+        patch.setattr(groups, "score_group", infinite)
+        patch.setattr(GroupRegistry, "_check_publishable", lambda self, *args: None)
+
+    assert_catches(monkeypatch, script, mutate, "I-7")
+
+
+# ---- M-2: masks exactly the rollouts of failed comparisons -------------------------------------
+
+
+def test_masking_a_rollout_whose_comparisons_all_succeeded_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An unparseable but completed reply is a successful comparison (M-1): the defect counts
+    # it as failed and masks rollouts that must be scored with the default verdict.
+    script = Script(num_rollouts_per_prompt=4)
+    script.fault((0, 1), "unparseable")
+    script.complete(qualities=[1, 2, 4, 5])
+
+    async def compare_failing_fallbacks(
+        self: Engine, record: Record, handle: Any, comparison: Any, task: Any
+    ) -> None:
+        result = await self.judge.judge(task, deadline=handle.retry_deadline)
+        handle.finished += 1
+        if isinstance(result, JudgeFailure):
+            self.registry.comparison_failed(record, comparison, result.text)
+        elif result.fallback:
+            self.registry.comparison_failed(record, comparison, "unparseable reply")
+        else:
+            handle.verdicts[comparison.index] = result.verdict
+
+    def mutate(patch: pytest.MonkeyPatch) -> None:
+        patch.setattr(Engine, "_compare", compare_failing_fallbacks)
+
+    assert_catches(monkeypatch, script, mutate, "M-2")
+
+
+def test_masking_only_one_rollout_of_a_failed_pair_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    script = Script(num_rollouts_per_prompt=4)
+    script.fault((0, 1), "fatal")
+    script.complete()
+
+    def first_only(plan: Any, failed: Any, n: int) -> set[int]:
+        return {c.first for c in plan if c.index in failed}
+
+    def mutate(patch: pytest.MonkeyPatch) -> None:
+        patch.setattr(groups, "masked_slots", first_only)
+
+    clean = play(script)
+    assert clean.ok, clean.summary()
+    with monkeypatch.context() as patch:
+        mutate(patch)
+        report = play(script)
+    # Slot 1 cannot be scored without its failed comparison, so the group fails instead of
+    # masking rollouts 0 and 1: the answers disagree with the model.
+    first = report.violations[0]
+    assert first.invariant == "C-43", report.summary()
+    assert "rejected 503 'GenRM cohort evaluation failed" in first.message
+    assert "expected masked 200 'GenRM rollout_index=0 lost a comparison" in first.message
+
+
+# ---- I-9: pruning cost bounded by what it removes ---------------------------------------------
+
+
+def test_pruning_that_scans_every_entry_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Script(cohort_result_ttl_s=None, max_terminal_cohorts=8)
+    for k in range(4):
+        script.complete(g=f"g{k}")
+    script.post(0, g="next")
+
+    def scanning_prune(
+        self: AgedIndex[Any, Any], now: float, ttl: float | None, cap: int, on_remove: Any
+    ) -> int:
+        visits = 0
+        for key, (stamped, value) in list(self._entries.items()):
+            visits += 1
+            if (ttl is not None and now - stamped >= ttl) or len(self._entries) > cap:
+                del self._entries[key]
+                on_remove(key, value)
+        return visits
+
+    def mutate(patch: pytest.MonkeyPatch) -> None:
+        patch.setattr(AgedIndex, "prune", scanning_prune)
+
+    assert_catches(monkeypatch, script, mutate, "I-9")
+
+
+# ---- the randomized run finds defects by itself, and shrinks them ----------------------------
+
+
+def test_random_seeds_find_a_defect_and_print_a_minimal_reproduction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    score_group = groups.score_group
+
+    def swapped(*args: Any, **kwargs: Any) -> Any:
+        score = score_group(*args, **kwargs)
+        slots = sorted(score.rewards)
+        values = [score.rewards[slot] for slot in reversed(slots)]
+        return score._replace(rewards=dict(zip(slots, values, strict=True)))
+
+    monkeypatch.setattr(groups, "score_group", swapped)
+    failing = None
+    for seed in range(20):
+        report = run_scenario(generate(seed))
+        if not report.ok:
+            failing = report
+            break
+    assert failing is not None, "20 random seeds did not notice rewards given to the wrong slots"
+    assert failing.minimal is not None
+    minimal = failing.minimal
+    assert len(minimal.steps) < len(failing.scenario.steps)
+    text = failing.reproduction()
+    assert text.startswith(f"genrm-trio race scenario, seed {failing.scenario.seed} via engine:")
+    assert f"{len(minimal.steps)} of {len(failing.scenario.steps)} generated steps" in text
+    assert "step 0: post r" in text
+    assert text.splitlines()[-1] == minimal.to_json()
+    assert str(failing.minimal_violations[0]) in text.splitlines()[0]
+    replayed = run_scenario(Scenario.from_json(minimal.to_json()), shrink_failures=False)
+    assert failing.violations[0].invariant in invariants_caught(replayed)
+    # Removing any one step of the minimal scenario makes the defect disappear.
+    for index in range(len(minimal.steps)):
+        fewer = minimal.steps[:index] + minimal.steps[index + 1 :]
+        if fewer:
+            smaller = Scenario(minimal.seed, minimal.settings, minimal.faults, fewer)
+            assert run_scenario(smaller, shrink_failures=False).ok
