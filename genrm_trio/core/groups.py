@@ -525,16 +525,21 @@ class GroupRegistry:
                 "std_individual_score": score.metrics.std_individual_score,
                 "tiebreak_usage_rate": score.metrics.tiebreak_usage_rate,
             }
-            for slot, member in record.members.items():
+            outcomes: dict[int, Scored | Masked] = {}
+            for slot in record.members:
                 if slot in masked:
                     first_failure = min(
                         index for index in failed if slot in (plan[index].first, plan[index].second)
                     )
-                    member.outcome = Masked(
+                    outcomes[slot] = Masked(
                         messages.rollout_masked(slot, len(failed), total, failed[first_failure])
                     )
                 else:
-                    member.outcome = Scored(score.rewards[slot], metrics)
+                    outcomes[slot] = Scored(score.rewards[slot], metrics)
+            # Every outcome is built before any is stored: a defect above leaves the record
+            # without rewards, and it fails as a whole (I-5).
+            for slot, member in record.members.items():
+                member.outcome = outcomes[slot]
             self._publish(record, now)
             return EvaluationResult(record, record.size - len(masked), len(masked))
 
