@@ -1,5 +1,5 @@
 """Splits a JSON object into its members, keeping each key's and value's exact byte span, with
-the scanning done by C decoders (msgspec; Python's json where NaN or lone surrogates appear)."""
+the scanning done in C (msgspec, bytes searches; Python's json for NaN or lone surrogates)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,16 @@ MAX_NESTING: Final = 128
 
 NOT_DECODED: Final[Any] = object()
 
+# From this size on, a body is split by following its brackets and strings with bytes searches
+# and each value is validated by msgspec on its own span, so that the values asked for are read
+# only once. Smaller bodies take one msgspec pass over the whole text, which is cheaper there.
+SCAN_MIN_BYTES: Final = 1 << 16
+# The bracket scan gives up (and the whole-text pass runs instead) after about one step per this
+# many bytes. A step (one bracket or string) costs about what msgspec spends on 600 bytes, so a
+# scan that runs out of steps adds at most about a third to the pass that follows it; a typical
+# rollout needs under a hundred steps.
+_BYTES_PER_STEP: Final = 2048
+
 _WHITESPACE = re.compile(rb"[ \t\n\r]*+")
 _TEXT_WHITESPACE = re.compile(r"[ \t\n\r]*+")
 # A string token; possessive loops keep the match linear on any input.
@@ -24,6 +34,12 @@ _STRING = re.compile(rb'"[^"\\]*+(?:\\[\s\S][^"\\]*+)*+"')
 _NOT_BRACKET: Final = bytes(range(256)).translate(None, b"[]{}")
 _ONE_BRACKET_KIND: Final = bytes.maketrans(b"{}", b"[]")
 _RAW_MEMBERS: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_RAW_VALUE: Final = msgspec.json.Decoder(msgspec.Raw)
+_ANY_VALUE: Final = msgspec.json.Decoder()
+_KEY: Final = msgspec.json.Decoder(str)
+# A top-level number or literal runs up to whitespace, a comma or the closing brace; msgspec then
+# says whether it is one.
+_SCALAR = re.compile(rb"[^ \t\n\r,}]*+")
 _TEXT_DECODER: Final = json.JSONDecoder()
 
 
@@ -38,7 +54,11 @@ class JsonScanError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Member:
     """One member of an object: its decoded key, the byte spans of key and value as sent, and
-    the decoded value when it was asked for (``NOT_DECODED`` otherwise)."""
+    the decoded value when it was asked for (``NOT_DECODED`` otherwise).
+
+    ``standard`` says the value was read as standard JSON, so no float in it is NaN or infinite;
+    it is False where a decoded value may hold the non-standard literals.
+    """
 
     key: str
     key_start: int
@@ -46,6 +66,7 @@ class Member:
     value_start: int
     value_end: int
     value: Any
+    standard: bool = True
 
 
 def split_object(
@@ -64,6 +85,10 @@ def split_object(
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise JsonScanError(f"invalid UTF-8 at byte {exc.start}") from None
+        if len(data) >= SCAN_MIN_BYTES:
+            scanned = _split_scanned(data, decode)
+            if scanned is not None:
+                return scanned
         _check_nesting(data)
     members = _split_standard(data)
     if members is None:
@@ -72,30 +97,157 @@ def split_object(
         return _split_lenient(data, text, decode)
     if not validate:
         return members
-    return [
-        Member(m.key, m.key_start, m.key_end, m.value_start, m.value_end, _decode_member(data, m))
-        if m.key in decode
-        else m
-        for m in members
-    ]
+    return [_decode_member(data, m) if m.key in decode else m for m in members]
 
 
 def decode_value(raw: bytes | memoryview) -> Any:
     """One JSON value, NaN, Infinity and -Infinity accepted; ``JsonScanError`` if invalid."""
+    return _decode(raw)[0]
+
+
+def _decode(raw: bytes | memoryview) -> tuple[Any, bool]:
+    """The value and whether it was read as standard JSON (see ``Member.standard``)."""
     try:
-        return msgspec.json.decode(raw)
+        return _ANY_VALUE.decode(raw), True
     except (msgspec.MsgspecError, RecursionError):
         pass
     # Python's decoder accepts the non-standard literals, lone surrogate escapes and
     # out-of-range floats that msgspec refuses; it is slower, so it only runs when needed.
     try:
-        return json.loads(str(raw, "utf-8"))
+        return json.loads(str(raw, "utf-8")), False
     except RecursionError:
         raise JsonScanError("nesting too deep") from None
     except json.JSONDecodeError as exc:
         raise JsonScanError(f"{exc.msg.removesuffix(' at')} at character {exc.pos}") from None
     except ValueError as exc:  # invalid UTF-8, or an integer beyond Python's digit limit
         raise JsonScanError(str(exc).split(";")[0]) from None
+
+
+def _split_scanned(data: bytes, decode: Container[str]) -> list[Member] | None:
+    """The members of a standard-JSON object, found by following its strings and brackets with
+    bytes searches; each value is then decoded (if asked for) or validated by msgspec on its own
+    span, so the text is read by a parser only once. None when the text is not plain standard
+    JSON within the nesting bound, or has more brackets than the scan follows cheaply: the other
+    splitters then decide, and report any error."""
+    view = memoryview(data)
+    steps = len(data) // _BYTES_PER_STEP + 64
+    members: list[Member] = []
+    pos = _skip(data, 0)
+    if data[pos : pos + 1] != b"{":
+        return None
+    pos = _skip(data, pos + 1)
+    if data[pos : pos + 1] == b"}":
+        return members if _skip(data, pos + 1) == len(data) else None
+    while True:
+        key_match = _STRING.match(data, pos)
+        if key_match is None:
+            return None
+        colon = _skip(data, key_match.end())
+        if data[colon : colon + 1] != b":":
+            return None
+        value_start = _skip(data, colon + 1)
+        first = data[value_start : value_start + 1]
+        if first == b'"':
+            string = _STRING.match(data, value_start)
+            value_end = -1 if string is None else string.end()
+        elif first == b"[" or first == b"{":
+            value_end, steps = _container_end(data, value_start, steps)
+        else:
+            scalar = _SCALAR.match(data, value_start)
+            assert scalar is not None  # the pattern matches the empty string
+            value_end = scalar.end() if scalar.end() > value_start else -1
+        if value_end < 0:
+            return None
+        try:
+            key = _KEY.decode(key_match.group())
+            span = view[value_start:value_end]
+            if key in decode:
+                value = _ANY_VALUE.decode(span)
+            else:
+                _RAW_VALUE.decode(span)
+                value = NOT_DECODED
+        except (msgspec.MsgspecError, RecursionError):
+            return None
+        members.append(Member(key, pos, key_match.end(), value_start, value_end, value))
+        pos = _skip(data, value_end)
+        after = data[pos : pos + 1]
+        if after == b",":
+            pos = _skip(data, pos + 1)
+        elif after == b"}":
+            return members if _skip(data, pos + 1) == len(data) else None
+        else:
+            return None
+
+
+def _container_end(data: bytes, start: int, steps: int) -> tuple[int, int]:
+    """(end, steps left) for the array or object that opens at ``start``: ``end`` is the index
+    after its closing bracket, or -1 when the text ends first, the nesting goes deeper than
+    MAX_NESTING (the enclosing object counts as one level) or the steps run out.
+
+    Brackets are counted outside strings. The answer is exact for valid JSON; for any other
+    text the caller's msgspec pass over the span rejects it.
+    """
+    find = data.find
+    size = len(data)
+
+    def after(char: bytes, pos: int) -> int:
+        found = find(char, pos)
+        return size if found < 0 else found
+
+    # The next occurrence of each character that matters, each search moving only forward.
+    quote = after(b'"', start)
+    square = after(b"[", start)
+    curly = after(b"{", start)
+    square_close = after(b"]", start)
+    curly_close = after(b"}", start)
+    depth = 0
+    while steps > 0:
+        steps -= 1
+        pos = min(quote, square, curly, square_close, curly_close)
+        if pos == size:
+            return -1, steps
+        if pos == quote:
+            end = _string_end(data, pos)
+            if end < 0:
+                return -1, steps
+            quote = after(b'"', end)
+            if square < end:
+                square = after(b"[", end)
+            if curly < end:
+                curly = after(b"{", end)
+            if square_close < end:
+                square_close = after(b"]", end)
+            if curly_close < end:
+                curly_close = after(b"}", end)
+        elif pos == square or pos == curly:
+            depth += 1
+            if depth >= MAX_NESTING:
+                return -1, steps
+            if pos == square:
+                square = after(b"[", pos + 1)
+            else:
+                curly = after(b"{", pos + 1)
+        else:
+            depth -= 1
+            if depth == 0:
+                return pos + 1, steps
+            if pos == square_close:
+                square_close = after(b"]", pos + 1)
+            else:
+                curly_close = after(b"}", pos + 1)
+    return -1, steps
+
+
+def _string_end(data: bytes, start: int) -> int:
+    """The index after the quote that closes the string opening at ``start``, or -1."""
+    close = data.find(b'"', start + 1)
+    if close < 0:
+        return -1
+    if data[close - 1] != 0x5C:  # no backslash before it: the common case, found by memchr
+        return close + 1
+    # An escaped quote, or an escaped backslash before the closing one: let the regex decide.
+    string = _STRING.match(data, start)
+    return -1 if string is None else string.end()
 
 
 def _split_standard(data: bytes) -> list[Member] | None:
@@ -193,6 +345,7 @@ def _split_lenient(data: bytes, text: str, decode: Container[str]) -> list[Membe
                 to_byte(value_start),
                 to_byte(value_end),
                 value if key in decode else NOT_DECODED,
+                standard=False,
             )
         )
         pos = _skip_text(text, value_end)
@@ -213,17 +366,26 @@ def _finish(
     return members
 
 
-def _decode_member(data: bytes, member: Member) -> Any:
+def _decode_member(data: bytes, member: Member) -> Member:
     try:
-        return decode_value(memoryview(data)[member.value_start : member.value_end])
+        value, standard = _decode(memoryview(data)[member.value_start : member.value_end])
     except JsonScanError as exc:
         raise JsonScanError(f"{exc.reason} in the value of '{member.key}'") from None
+    return Member(
+        member.key,
+        member.key_start,
+        member.key_end,
+        member.value_start,
+        member.value_end,
+        value,
+        standard,
+    )
 
 
 def _check_nesting(data: bytes) -> None:
     # Depth is the number of rounds of removing innermost bracket pairs (strings left out)
     # that empties the brackets; all of this runs in C. Few brackets cannot nest too deep.
-    if data.count(b"[") + data.count(b"{") <= MAX_NESTING:
+    if _opening_brackets_at_most(data, MAX_NESTING):
         return
     brackets = _STRING.sub(b"", data).translate(_ONE_BRACKET_KIND, _NOT_BRACKET)
     for _ in range(MAX_NESTING):
@@ -233,6 +395,19 @@ def _check_nesting(data: bytes) -> None:
         brackets = shorter
     if brackets.replace(b"[]", b"") != brackets:
         raise JsonScanError(f"nesting deeper than {MAX_NESTING} levels")
+
+
+def _opening_brackets_at_most(data: bytes, limit: int) -> bool:
+    # Searches that stop at the limit: bytes.count would read a large body once per bracket.
+    found = 0
+    for bracket in (b"[", b"{"):
+        pos = data.find(bracket)
+        while pos >= 0:
+            found += 1
+            if found > limit:
+                return False
+            pos = data.find(bracket, pos + 1)
+    return True
 
 
 def _skip(data: bytes, pos: int) -> int:

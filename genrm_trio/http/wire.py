@@ -95,7 +95,11 @@ class RowEcho:
 
 @dataclass(slots=True, weakref_slot=True)
 class VerifyRequest:
-    """A validated /verify body: the fields the server reads and what it needs to echo."""
+    """A validated /verify body: the fields the server reads and what it needs to echo.
+
+    The decoded response and prompt input are handed over once (``take_decoded``): a request
+    waiting for its group then holds only the body it must echo, not a second form of it (I-10).
+    """
 
     group_id: str | None
     attempt: int
@@ -104,11 +108,32 @@ class VerifyRequest:
     task_index: int | None
     prompt_id: str | None
     principle: str | None
-    input_value: Any
+    input_value: Any  # responses_create_params.input as decoded, until taken
     baseline: str | None
-    response_raw: bytes
-    response_value: Any
+    body: bytes  # as received; the echo's views point into it
+    response_span: tuple[int, int]  # where the response value sits in ``body``
+    response_value: Any  # the decoded response, until taken
+    response_may_hold_nan: bool  # False when it was read as standard JSON
     echo: RowEcho
+
+    @property
+    def response_raw(self) -> bytes:
+        """The response value's bytes as sent (a copy; the request keeps no second one)."""
+        start, end = self.response_span
+        return self.body[start:end]
+
+    def take_decoded(self) -> tuple[Any, Any]:
+        """(response, prompt input) as decoded; the request lets go of both, so this can be
+        called only once."""
+        response, input_value = self.response_value, self.input_value
+        if response is _TAKEN:
+            raise RuntimeError("the decoded response and input were already taken")
+        self.response_value = self.input_value = _TAKEN
+        return response, input_value
+
+
+# What the decoded fields of a VerifyRequest hold once taken; no JSON value decodes to it.
+_TAKEN: Final[Any] = object()
 
 
 @dataclass(slots=True)
@@ -183,7 +208,7 @@ def parse_verify_body(body: bytes, config: Config) -> VerifyRequest:
         if key in _NOT_ECHOED:
             continue
         if key in coordinates:
-            echoed.append((_COORDINATE_KEY_JSON[key], canonical_json(coordinates[key])))
+            echoed.append((_COORDINATE_KEY_JSON[key], _coordinate_json(coordinates[key])))
             continue
         if key == "instance_config":
             instance_config = len(echoed)
@@ -193,7 +218,7 @@ def parse_verify_body(body: bytes, config: Config) -> VerifyRequest:
     request_members = len(echoed)
     for key in COORDINATE_KEYS:
         if key not in by_key:
-            echoed.append((_COORDINATE_KEY_JSON[key], canonical_json(coordinates[key])))
+            echoed.append((_COORDINATE_KEY_JSON[key], _coordinate_json(coordinates[key])))
 
     return VerifyRequest(
         group_id=group_id,
@@ -205,8 +230,10 @@ def parse_verify_body(body: bytes, config: Config) -> VerifyRequest:
         principle=principle,
         input_value=input_value,
         baseline=baseline,
-        response_raw=body[response.value_start : response.value_end],
+        body=body,
+        response_span=(response.value_start, response.value_end),
         response_value=response.value,
+        response_may_hold_nan=not response.standard,
         echo=RowEcho(echoed, request_members, instance_config),
     )
 
@@ -317,6 +344,15 @@ def _group_id(member: json_scan.Member | None) -> str | None:
         f"_ng_group_id: expected a string of 1 to {GROUP_ID_MAX_CODE_POINTS} code points or "
         f"null, got {_describe(value)}"
     )
+
+
+def _coordinate_json(value: str | int | None) -> bytes:
+    """W-21: a coordinate in canonical JSON; integers and null need no encoder."""
+    if value is None:
+        return b"null"
+    if isinstance(value, int):
+        return str(value).encode("ascii")  # validated: an int, never a bool, within 64 bits
+    return canonical_json(value)
 
 
 def _strict_int(body: bytes, member: json_scan.Member) -> int | None:

@@ -19,7 +19,7 @@ import trio
 
 from genrm_trio.config import Config
 from genrm_trio.core import messages
-from genrm_trio.core.canonical import digest_hex, fingerprint_json
+from genrm_trio.core.canonical import digest_hex, fingerprint_decoded
 from genrm_trio.core.groups import (
     Answer,
     Arrival,
@@ -61,10 +61,12 @@ class MemberRequest(Protocol):
     task_index: int | None
     prompt_id: str | None
     principle: str | None
-    input_value: Any
     baseline: str | None
-    response_raw: bytes
-    response_value: Any
+    response_may_hold_nan: bool
+
+    def take_decoded(self) -> tuple[Any, Any]:
+        """(response, responses_create_params.input) as decoded, handed over once."""
+        ...
 
 
 @dataclass
@@ -164,7 +166,10 @@ class Engine:
             if not self._attempt_omission_logged:
                 self._attempt_omission_logged = True
                 log.info(messages.ATTEMPT_OMITTED)
-        fingerprint = fingerprint_json(request.response_raw)
+        # One decode serves validation, the fingerprint, the prompt digest and, for a new
+        # member, its compact texts; none of it is kept while the request waits (I-10).
+        response, input_value = request.take_decoded()
+        fingerprint = fingerprint_decoded(response, may_hold_nan=request.response_may_hold_nan)
         self.counters.fingerprints += 1
         assert request.rollout_index is not None
         arrival = Arrival(
@@ -173,12 +178,14 @@ class Engine:
             slot=request.rollout_index,
             task_index=request.task_index,
             prompt_id=request.prompt_id,
-            digest=self._prompt_digest(request),
+            digest=self._prompt_digest(request, input_value),
             fingerprint=fingerprint,
-            prepare=partial(self._prepare_member, request),
+            prepare=partial(self._prepare_member, request, response, input_value),
         )
         woken = trio.Event()
         decision = self.registry.arrive(arrival, trio.current_time(), woken.set)
+        # A waiting request keeps only what its reply echoes.
+        del arrival, response, input_value
         self._apply(decision.effects)
         reply = decision.reply
         if isinstance(reply, Answer):
@@ -192,24 +199,24 @@ class Engine:
         assert reply.waiter.outcome is not None
         return reply.waiter.outcome
 
-    def _prompt_digest(self, request: MemberRequest) -> str:
-        value: dict[str, Any] = {"input": request.input_value, "principle": request.principle}
+    def _prompt_digest(self, request: MemberRequest, input_value: Any) -> str:
+        value: dict[str, Any] = {"input": input_value, "principle": request.principle}
         if self.config.comparison_strategy == "fixed_baseline":
             value["baseline"] = request.baseline
         return digest_hex(value)
 
     def _prepare_member(
-        self, request: MemberRequest, first: bool
+        self, request: MemberRequest, response: Any, input_value: Any, first: bool
     ) -> tuple[MemberTexts, GroupInputs | None]:
         assert request.rollout_index is not None
         if self.hooks.on_conversion is not None:
             self.hooks.on_conversion(request.rollout_index)
-        reasoning, answer = extract_scoring_text(request.response_value)
+        reasoning, answer = extract_scoring_text(response)
         self.counters.extractions += 1
         if not first:
             return MemberTexts(reasoning, answer), None
         self.counters.conversions += 1
-        history = convert_history(request.input_value)
+        history = convert_history(input_value)
         principle = effective_principle(
             request.principle, self.config.default_principle, self.config.use_principle
         )

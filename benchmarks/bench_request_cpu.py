@@ -1,0 +1,159 @@
+"""Per-request CPU of one large /verify body (issue 5, target 1): decode and validation, response
+fingerprint, prompt digest, compaction and echo, against baselines measured in the same run.
+
+Caveat: CPU time of this one thread (time.thread_time), measured in one process on whatever
+machine runs it; the first line printed names it. The figures are for the request's own work in
+the server (the steps Engine.verify and the row rendering run, called the same way), not HTTP,
+scheduling or judging (benchmarks/bench_http.py measures those). The steps run interleaved,
+round after round, so that other load on the machine touches every step alike; compare ratios
+across runs, not absolute figures. The body is what NeMo Gym sends for one rollout: a Responses
+object whose assistant message carries prompt token ids, generated token ids and log-probs
+(float32 values widened to Python floats, 16-17 significant digits each), written by Python's
+json.dumps. Baselines: the floor is SHA-256 of the response's raw bytes (no parsing at all); the
+reference is SHA-256 of sorted-keys JSON of the decoded response (stdlib json, and msgspec as a
+fast encoder), the decoded object given.
+
+    python benchmarks/bench_request_cpu.py              # 65,536 generated + 16,384 prompt ids
+    python benchmarks/bench_request_cpu.py --short      # 8,192 + 2,048, fewer rounds
+    python benchmarks/bench_request_cpu.py --tokens 256 # any size (the HTTP benchmark's: 256)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (
+    BodyShape,
+    cpu_times,
+    machine_line,
+    ms,
+    parser,
+    ratio,
+    table,
+    verify_body,
+)
+
+from genrm_trio.config import Config
+from genrm_trio.core.canonical import (
+    digest_hex,
+    fingerprint_decoded,
+    fingerprint_json,
+)
+from genrm_trio.core.texts import convert_history, extract_scoring_text
+from genrm_trio.http.wire import parse_verify_body, render_scored_row
+
+METRICS = {
+    "genrm_failed_comparison_rate_per_group": 0.0,
+    "genrm_masked_rollout_rate_per_group": 0.0,
+    "mean_individual_score": 3.0,
+    "std_individual_score": 1.25,
+    "tiebreak_usage_rate": 0.0625,
+}
+
+
+# Issue 5, target 1, for the body of 65,536 generated and 16,384 prompt tokens.
+TARGET_WHOLE_MS = 2.0
+TARGET_FINGERPRINT_MS = 1.0
+
+WHOLE = "whole request: all of the above but history"
+FINGERPRINT = "fingerprint the response"
+FLOOR = "floor: SHA-256 of the raw response bytes"
+JSON_REFERENCE = "reference: json sorted keys + SHA-256"
+MSGSPEC_REFERENCE = "reference: msgspec sorted JSON + SHA-256"
+
+
+def main() -> None:
+    arguments = parser(__doc__.splitlines()[0])
+    arguments.add_argument("--tokens", type=int, help="generated tokens (prompt: a quarter)")
+    args = arguments.parse_args()
+    tokens = args.tokens or (8_192 if args.short else 65_536)
+    shape = BodyShape(generated_tokens=tokens, prompt_tokens=tokens // 4)
+    repeat = 60 if args.short else 120
+    config = Config(judge_base_url="http://127.0.0.1:1/v1", judge_model="judge")
+    body = verify_body(shape, seed=1, group_id="g-1", slot=3)
+    request = parse_verify_body(body, config)
+    raw = request.response_raw
+    decoded, input_value = request.take_decoded()
+    may_hold_nan = request.response_may_hold_nan
+
+    def whole_request() -> bytes:
+        # What Engine.verify does for a new member (take the decoded parts, fingerprint, prompt
+        # digest, scoring texts, let the decoded parts go), then the reply.
+        parsed = parse_verify_body(body, config)
+        response, prompt = parsed.take_decoded()
+        fingerprint_decoded(response, may_hold_nan=parsed.response_may_hold_nan)
+        digest_hex({"input": prompt, "principle": parsed.principle})
+        extract_scoring_text(response)
+        del response, prompt
+        return render_scored_row(parsed, 3.5, METRICS)
+
+    steps = [
+        # Includes freeing the decoded parts, as the server does once the member is stored.
+        ("decode and validate the body", lambda: parse_verify_body(body, config)),
+        (FINGERPRINT, lambda: fingerprint_decoded(decoded, may_hold_nan=may_hold_nan)),
+        (
+            "prompt digest",
+            lambda: digest_hex({"input": input_value, "principle": request.principle}),
+        ),
+        ("compaction: scoring texts", lambda: extract_scoring_text(decoded)),
+        ("compaction: history (a group's first member)", lambda: convert_history(input_value)),
+        ("echo: render the scored row", lambda: render_scored_row(request, 3.5, METRICS)),
+        (WHOLE, whole_request),
+        ("fingerprint from raw bytes, decode included", lambda: fingerprint_json(raw)),
+        (FLOOR, lambda: hashlib.sha256(raw).digest()),
+        (
+            MSGSPEC_REFERENCE,
+            lambda: hashlib.sha256(msgspec.json.encode(decoded, order="sorted")).digest(),
+        ),
+        (
+            JSON_REFERENCE,
+            lambda: hashlib.sha256(
+                json.dumps(decoded, sort_keys=True, separators=(",", ":")).encode()
+            ).digest(),
+        ),
+        ("reference: msgspec decode of the whole body", lambda: msgspec.json.decode(body)),
+    ]
+    timings = cpu_times(steps, repeat=repeat)
+
+    floor = timings[FLOOR].median
+    print(f"# Per-request CPU of one /verify body ({'short' if args.short else 'full'} run)")
+    print(f"machine: {machine_line()}")
+    print(
+        f"body: {len(body):,} bytes ({len(raw):,} of them the response): "
+        f"{shape.generated_tokens:,} generated token ids and log-probs, "
+        f"{shape.prompt_tokens:,} prompt token ids; {repeat} interleaved rounds"
+    )
+    print()
+    rows = [
+        [name, ms(timing.median), ms(timing.p95), ratio(timing.median, floor)]
+        for name, timing in timings.items()
+    ]
+    print(table(["step", "median ms", "p95 ms", "vs raw SHA-256"], rows))
+    print()
+    fingerprint = timings[FINGERPRINT].median
+    whole = timings[WHOLE].median
+    print(
+        f"fingerprint: {ms(fingerprint)} ms, {ratio(fingerprint, floor)} the raw SHA-256 "
+        f"floor; sorted-keys json + SHA-256 takes "
+        f"{ratio(timings[JSON_REFERENCE].median, fingerprint)} as long, msgspec sorted JSON + "
+        f"SHA-256 {ratio(timings[MSGSPEC_REFERENCE].median, fingerprint)}"
+    )
+    print(f"whole request: {ms(whole)} ms ({len(body) / whole / 1e6:.0f} MB/s)")
+    if tokens == 65_536:
+        print(
+            f"target 1: whole request <= {TARGET_WHOLE_MS} ms: "
+            f"{'met' if whole * 1e3 <= TARGET_WHOLE_MS else 'not met'}; fingerprint <= "
+            f"{TARGET_FINGERPRINT_MS} ms: "
+            f"{'met' if fingerprint * 1e3 <= TARGET_FINGERPRINT_MS else 'not met'}"
+        )
+
+
+if __name__ == "__main__":
+    main()
