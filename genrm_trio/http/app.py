@@ -205,15 +205,17 @@ def create_app(
             await _send_reply(send, 408, _http_error_body(RequestTimeout()))
             return
         try:
-            try:
-                parsed = parse_verify_body(
-                    chunks[0] if len(chunks) == 1 else b"".join(chunks), config
-                )
-            except BadRequest as exc:
-                await _send_reply(send, exc.status, error_body(exc.detail))
-                return
-            del chunks
-            reply: tuple[int, bytes] | None = None
+            parsed = parse_verify_body(chunks[0] if len(chunks) == 1 else b"".join(chunks), config)
+        except BadRequest as exc:
+            await _send_reply(send, exc.status, error_body(exc.detail))
+            return
+        except Exception:
+            log.exception("Exception on request POST /verify")
+            await _send_reply(send, 500, _http_error_body(InternalServerError()))
+            return
+        del chunks
+        reply: tuple[int, bytes] | None = None
+        try:
             # A client that leaves while its group is still collecting or judging cancels only
             # its own wait (C-51), as it does through Quart.
             async with trio.open_nursery() as nursery:
@@ -222,8 +224,7 @@ def create_app(
                 nursery.cancel_scope.cancel()
         except Exception:
             log.exception("Exception on request POST /verify")
-            await _send_reply(send, 500, _http_error_body(InternalServerError()))
-            return
+            reply = (500, _http_error_body(InternalServerError()))
         if reply is not None:
             await _send_reply(send, *reply)
 

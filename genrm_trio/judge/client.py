@@ -9,16 +9,18 @@ import logging
 import math
 import os
 import random
+import re
+import select
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
-from contextlib import aclosing, contextmanager
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
+from functools import partial
 from http.cookiejar import Cookie, CookiePolicy
-from typing import Any, cast
+from typing import Any, Literal, cast
 
-import httpcore
 import httpx
 import trio
 
@@ -64,6 +66,12 @@ MAX_REPLY_BYTES = 16 * 1024 * 1024
 MAX_ERROR_BODY_BYTES = 64 * 1024
 # httpx's default: an idle connection older than this is closed rather than reused.
 KEEPALIVE_EXPIRY_S = 5.0
+# httpcore's text for a connection closed before a complete reply head (J-21: transient).
+CLOSED_WITHOUT_REPLY = "Server disconnected without sending a response."
+_RECEIVE_BYTES = 65536
+# A reply head (status line and headers) or a chunk-size line longer than this is refused.
+_HEAD_LIMIT = 64 * 1024
+_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: [^\r\n]*)?")
 _REDACTED = "<redacted>"
 
 
@@ -119,145 +127,347 @@ class _RefuseCookies(CookiePolicy):
         return False
 
 
-# httpcore's failures as the httpx types the attempt loop classifies; most specific first.
-_HTTPX_ERRORS: dict[type[Exception], type[httpx.TransportError]] = {
-    httpcore.ConnectTimeout: httpx.ConnectTimeout,
-    httpcore.ReadTimeout: httpx.ReadTimeout,
-    httpcore.WriteTimeout: httpx.WriteTimeout,
-    httpcore.PoolTimeout: httpx.PoolTimeout,
-    httpcore.TimeoutException: httpx.TimeoutException,
-    httpcore.ConnectError: httpx.ConnectError,
-    httpcore.ReadError: httpx.ReadError,
-    httpcore.WriteError: httpx.WriteError,
-    httpcore.NetworkError: httpx.NetworkError,
-    httpcore.RemoteProtocolError: httpx.RemoteProtocolError,
-    httpcore.LocalProtocolError: httpx.LocalProtocolError,
-    httpcore.ProtocolError: httpx.ProtocolError,
-    httpcore.UnsupportedProtocol: httpx.UnsupportedProtocol,
-    httpcore.ProxyError: httpx.ProxyError,
-}
+class _Connection:
+    """One keep-alive HTTP/1.1 connection to the judge and the bytes read but not yet used."""
+
+    __slots__ = ("buffer", "idle_since", "socket", "stream")
+
+    def __init__(self, stream: trio.abc.Stream, socket: trio.socket.SocketType) -> None:
+        self.stream = stream
+        self.socket = socket
+        self.buffer = bytearray()
+        self.idle_since = 0.0
+
+    async def fill(self) -> bool:
+        """Read more bytes into the buffer; False when the judge has closed the connection."""
+        try:
+            data = await self.stream.receive_some(_RECEIVE_BYTES)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise httpx.ReadError(str(exc)) from exc
+        if not data:
+            return False
+        self.buffer += data
+        return True
 
 
-@contextmanager
-def _as_httpx_errors() -> Iterator[None]:
-    try:
-        yield
-    except Exception as exc:
-        for kind in type(exc).__mro__:
-            mapped = _HTTPX_ERRORS.get(kind)
-            if mapped is not None:
-                raise mapped(str(exc)) from exc
-        raise
+class _Reply:
+    """A judge reply whose status line and headers have been read; the body is read on demand.
 
-
-class _JudgeConnections(httpx.AsyncBaseTransport):
-    """Keep-alive HTTP/1.1 connections to the judge, checked out and returned in O(1) (J-34a).
-
-    httpcore's pool rescans every waiting request against every connection on each request and
-    each reply; with hundreds of attempts in flight that scan took most of the client's time and
-    stretched attempts the judge answered in milliseconds to seconds. The concurrency limit
-    already caps attempts at the pool size, so a stack of idle connections is enough: an attempt
-    takes the most recently used live connection or opens a new one, and gives it back once its
-    reply has been read in full. At most ``judge_max_concurrency`` connections ever exist.
+    Framing follows RFC 9112: no body for 1xx, 204 and 304, else chunked, else Content-Length,
+    else everything until the judge closes the connection.
     """
 
-    def __init__(self, *, keepalive_expiry_s: float) -> None:
-        self._keepalive_expiry_s = keepalive_expiry_s
-        self._ssl_context: ssl.SSLContext | None = None
-        # Most recently used on the right; the left end holds the longest idle.
-        self._idle: deque[httpcore.AsyncHTTPConnection] = deque()
+    __slots__ = (
+        "chunk_left",
+        "complete",
+        "connection",
+        "expected",
+        "headers",
+        "keep_alive",
+        "left",
+        "mode",
+        "status",
+    )
+    mode: Literal["length", "chunked", "close"]
 
-    async def _checkout(self, origin: httpcore.Origin) -> httpcore.AsyncHTTPConnection:
-        # Reusing the freshest connection lets older ones age out; close one of those per call
-        # so that sockets the judge has long closed are not kept until the next burst.
-        if self._idle and self._idle[0].has_expired():
-            await self._idle.popleft().aclose()
-        while self._idle:
-            connection = self._idle.pop()
-            if (
-                connection.can_handle_request(origin)
-                and connection.is_idle()
-                and not connection.has_expired()
-            ):
-                return connection
-            await connection.aclose()
-        if origin.scheme == b"https" and self._ssl_context is None:
-            self._ssl_context = httpx.create_ssl_context(trust_env=False)
-        return httpcore.AsyncHTTPConnection(
-            origin,
-            ssl_context=self._ssl_context,
-            keepalive_expiry=self._keepalive_expiry_s,
-            http1=True,
-            http2=False,
-        )
-
-    def _checkin(self, connection: httpcore.AsyncHTTPConnection) -> None:
-        # A reply read in full leaves the connection idle; anything else has closed it.
-        if connection.is_idle():
-            self._idle.append(connection)
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        assert isinstance(request.stream, httpx.AsyncByteStream)
-        core_request = httpcore.Request(
-            method=request.method,
-            url=httpcore.URL(
-                scheme=request.url.raw_scheme,
-                host=request.url.raw_host,
-                port=request.url.port,
-                target=request.url.raw_path,
-            ),
-            headers=request.headers.raw,
-            content=request.stream,
-            extensions=request.extensions,
-        )
-        connection = await self._checkout(core_request.url.origin)
-        try:
-            with _as_httpx_errors():
-                core_response = await connection.handle_async_request(core_request)
-        except BaseException:
-            if not connection.is_closed():
-                with trio.CancelScope(shield=True):
-                    await connection.aclose()
-            raise
-        return httpx.Response(
-            status_code=core_response.status,
-            headers=core_response.headers,
-            stream=_PooledBody(core_response, connection, self._checkin),
-            extensions=core_response.extensions,
-        )
-
-    async def aclose(self) -> None:
-        idle, self._idle = self._idle, deque()
-        for connection in idle:
-            await connection.aclose()
-
-
-class _PooledBody(httpx.AsyncByteStream):
     def __init__(
         self,
-        response: httpcore.Response,
-        connection: httpcore.AsyncHTTPConnection,
-        checkin: Callable[[httpcore.AsyncHTTPConnection], None],
+        connection: _Connection,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        keep_alive: bool,
     ) -> None:
-        self._response = response
-        self._connection = connection
-        self._checkin = checkin
-        self._closed = False
+        self.connection = connection
+        self.status = status
+        self.headers = headers
+        self.keep_alive = keep_alive
+        self.expected = 0  # Content-Length
+        self.left = 0  # body bytes still expected
+        self.chunk_left = -1  # bytes left of the current chunk; -1 before a chunk-size line
+        self.complete = False
+        encoding = self.header(b"transfer-encoding")
+        length = self.header(b"content-length")
+        if status in (204, 304):
+            self.mode, self.complete = "length", True
+        elif encoding is not None:
+            if encoding.rsplit(b",", 1)[-1].strip().lower() != b"chunked":
+                raise httpx.RemoteProtocolError(f"unsupported Transfer-Encoding {encoding!r}")
+            self.mode = "chunked"
+        elif length is not None:
+            values = {value.strip() for value in length.split(b",")}
+            if len(values) != 1 or not next(iter(values)).isdigit():
+                raise httpx.RemoteProtocolError("bad Content-Length")
+            self.mode = "length"
+            self.expected = self.left = int(next(iter(values)))
+            self.complete = self.left == 0
+        else:
+            self.mode, self.keep_alive = "close", False
+
+    def header(self, name: bytes) -> bytes | None:
+        """The value of header ``name`` (lower case); repeated headers joined with commas."""
+        values = [value for key, value in self.headers if key == name]
+        return b", ".join(values) if values else None
+
+    @property
+    def reusable(self) -> bool:
+        return self.complete and self.keep_alive and not self.connection.buffer
+
+    async def next_part(self) -> bytes:
+        """The next piece of the body as sent (before any Content-Encoding); b"" at its end."""
+        if self.complete:
+            return b""
+        connection = self.connection
+        buffer = connection.buffer
+        if self.mode == "length":
+            if not buffer and not await connection.fill():
+                raise httpx.RemoteProtocolError(
+                    "peer closed connection without sending complete message body "
+                    f"(received {self.expected - self.left} bytes, expected {self.expected})"
+                )
+            part = bytes(buffer[: self.left])
+            del buffer[: len(part)]
+            self.left -= len(part)
+            self.complete = self.left == 0
+            return part
+        if self.mode == "close":
+            if not buffer and not await connection.fill():
+                self.complete = True
+                return b""
+            part = bytes(buffer)
+            buffer.clear()
+            return part
+        return await self._next_chunk()
+
+    async def _next_chunk(self) -> bytes:
+        connection = self.connection
+        buffer = connection.buffer
+        while self.chunk_left < 0:
+            line_end = buffer.find(b"\r\n")
+            if line_end < 0:
+                if len(buffer) > _HEAD_LIMIT:
+                    raise httpx.RemoteProtocolError("chunk size line too long")
+                await self._fill_chunked()
+                continue
+            size = bytes(buffer[:line_end]).split(b";", 1)[0].strip()
+            try:
+                self.chunk_left = int(size, 16)
+            except ValueError:
+                raise httpx.RemoteProtocolError(f"bad chunk size {size[:40]!r}") from None
+            del buffer[: line_end + 2]
+            if self.chunk_left == 0:
+                await self._skip_trailers()
+                return b""
+        while not buffer:
+            await self._fill_chunked()
+        part = bytes(buffer[: self.chunk_left])
+        del buffer[: len(part)]
+        self.chunk_left -= len(part)
+        if self.chunk_left == 0:
+            while len(buffer) < 2:
+                await self._fill_chunked()
+            if buffer[:2] != b"\r\n":
+                raise httpx.RemoteProtocolError("chunk not followed by CRLF")
+            del buffer[:2]
+            self.chunk_left = -1
+        return part
+
+    async def _skip_trailers(self) -> None:
+        buffer = self.connection.buffer
+        while True:
+            line_end = buffer.find(b"\r\n")
+            if line_end < 0:
+                if len(buffer) > _HEAD_LIMIT:
+                    raise httpx.RemoteProtocolError("trailers too long")
+                await self._fill_chunked()
+                continue
+            del buffer[: line_end + 2]
+            if line_end == 0:
+                self.complete = True
+                return
+
+    async def _fill_chunked(self) -> None:
+        if not await self.connection.fill():
+            raise httpx.RemoteProtocolError(
+                "peer closed connection without sending complete message body "
+                "(incomplete chunked read)"
+            )
+
+    async def read_at_most(self, limit: int, chunks: list[bytes]) -> bool:
+        """Append the body to ``chunks`` until more than ``limit`` bytes; True if it all fit.
+
+        A body with a Content-Encoding is decoded the way httpx decodes it, by httpx itself.
+        """
+        if self.header(b"content-encoding") is not None:
+            response = httpx.Response(200, headers=self.headers, stream=_ReplyBody(self))
+            return await _read_at_most(response, limit, chunks)
+        size = 0
+        while part := await self.next_part():
+            chunks.append(part)
+            size += len(part)
+            if size > limit:
+                return False
+        return True
+
+
+class _ReplyBody(httpx.AsyncByteStream):
+    def __init__(self, reply: _Reply) -> None:
+        self._reply = reply
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        with _as_httpx_errors():
-            async for part in self._response.aiter_stream():
-                yield part
+        while part := await self._reply.next_part():
+            yield part
+
+
+def _peer_has_spoken(socket: trio.socket.SocketType) -> bool:
+    """An idle keep-alive connection with bytes (or an end of stream) to read is not reusable."""
+    poller = select.poll()
+    poller.register(socket.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class _JudgeWire:
+    """The judge's HTTP/1.1 client: keep-alive connections checked out and returned in O(1).
+
+    httpx's client and httpcore's pool cost more CPU per judge call than the rest of a /verify
+    together (building request and response objects, cookies, URL merging, and a pool that
+    rescans every waiting request against every connection: J-34a), and under bursts of hundreds
+    of attempts that pool stretched attempts the judge answered in milliseconds to seconds. Here
+    a request is one prepared head plus the body, written in one piece, and the reply is parsed
+    directly from the socket's bytes.
+
+    The concurrency limit already caps attempts at the pool size, so a stack of idle connections
+    is enough: an attempt takes the most recently used live connection or opens a new one, and
+    gives it back once its reply has been read in full. At most ``judge_max_concurrency``
+    connections ever exist, and no attempt ever waits for one (there is no pool timeout to
+    reach). Connecting is bounded by ``judge_request_timeout_s``; every read and write lies
+    within the attempt's own deadline of the same length (J-27), which starts before them.
+    Failures are raised as the httpx exceptions, with httpcore's texts, that the attempt loop
+    classifies (J-21, J-40).
+    """
+
+    def __init__(
+        self, url: str, headers: dict[str, str], *, timeout_s: float, keepalive_expiry_s: float
+    ) -> None:
+        parsed = httpx.URL(url)
+        self._https = parsed.scheme == "https"
+        self._host = parsed.host
+        self._port = parsed.port or (443 if self._https else 80)
+        self._timeout_s = timeout_s
+        self._keepalive_expiry_s = keepalive_expiry_s
+        self._ssl_context: ssl.SSLContext | None = None
+        self._closed = False
+        host = parsed.netloc
+        lines = [b"POST " + parsed.raw_path + b" HTTP/1.1", b"Host: " + host]
+        self._header_error: str | None = None
+        for name, value in headers.items():
+            if any(bad in value for bad in "\r\n\0"):
+                self._header_error = f"Illegal header value for {name}"
+            lines.append(f"{name}: {value}".encode("latin-1", errors="replace"))
+        self._head = b"\r\n".join(lines) + b"\r\nContent-Length: "
+        # Most recently used on the right; the left end holds the longest idle.
+        self._idle: deque[_Connection] = deque()
+
+    async def request(self, body: bytes) -> _Reply:
+        """Send one POST and read its reply's head; the caller reads the body and releases."""
+        if self._closed:
+            raise RuntimeError("Cannot send a request, as the client has been closed.")
+        if self._header_error is not None:
+            raise httpx.LocalProtocolError(self._header_error)
+        connection = await self._checkout()
+        try:
+            try:
+                await connection.stream.send_all(b"%s%d\r\n\r\n%s" % (self._head, len(body), body))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                # As httpcore does: a judge may close early and still answer (a 413, say); if it
+                # did not, reading says so.
+                pass
+            return await self._read_head(connection)
+        except BaseException:
+            await trio.aclose_forcefully(connection.stream)
+            raise
+
+    async def release(self, reply: _Reply) -> None:
+        """Keep the reply's connection for reuse if its reply was read in full, else close it."""
+        connection = reply.connection
+        if reply.reusable and not self._closed:
+            connection.idle_since = trio.current_time()
+            self._idle.append(connection)
+        else:
+            await trio.aclose_forcefully(connection.stream)
 
     async def aclose(self) -> None:
-        if self._closed:
-            return
         self._closed = True
+        idle, self._idle = self._idle, deque()
+        for connection in idle:
+            await trio.aclose_forcefully(connection.stream)
+
+    def _expired(self, connection: _Connection, now: float) -> bool:
+        return now - connection.idle_since > self._keepalive_expiry_s
+
+    async def _checkout(self) -> _Connection:
+        now = trio.current_time()
+        # Reusing the freshest connection lets older ones age out; close one of those per call
+        # so that sockets the judge has long closed are not kept until the next burst.
+        if self._idle and self._expired(self._idle[0], now):
+            await trio.aclose_forcefully(self._idle.popleft().stream)
+        while self._idle:
+            connection = self._idle.pop()
+            if not self._expired(connection, now) and not _peer_has_spoken(connection.socket):
+                return connection
+            await trio.aclose_forcefully(connection.stream)
+        return await self._open()
+
+    async def _open(self) -> _Connection:
         try:
-            with _as_httpx_errors():
-                await self._response.aclose()
-        finally:
-            self._checkin(self._connection)
+            with trio.fail_after(self._timeout_s):
+                tcp = await trio.open_tcp_stream(self._host, self._port)
+                stream: trio.abc.Stream = tcp
+                if self._https:
+                    if self._ssl_context is None:
+                        self._ssl_context = httpx.create_ssl_context(trust_env=False)
+                        self._ssl_context.set_alpn_protocols(["http/1.1"])
+                    tls = trio.SSLStream(
+                        tcp, self._ssl_context, server_hostname=self._host, https_compatible=True
+                    )
+                    await tls.do_handshake()
+                    stream = tls
+        except trio.TooSlowError as exc:
+            raise httpx.ConnectTimeout(str(exc)) from exc
+        except (OSError, trio.BrokenResourceError) as exc:
+            raise httpx.ConnectError(str(exc)) from exc
+        return _Connection(stream, tcp.socket)
+
+    async def _read_head(self, connection: _Connection) -> _Reply:
+        buffer = connection.buffer
+        while True:
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buffer) > _HEAD_LIMIT:
+                    raise httpx.RemoteProtocolError("reply head too long")
+                if not await connection.fill():
+                    raise httpx.RemoteProtocolError(CLOSED_WITHOUT_REPLY)
+                continue
+            lines = bytes(buffer[:end]).split(b"\r\n")
+            del buffer[: end + 4]
+            match = _STATUS_LINE.fullmatch(lines[0])
+            if match is None:
+                raise httpx.RemoteProtocolError(f"illegal status line: {bytearray(lines[0])!r}")
+            status = int(match.group(2))
+            headers: list[tuple[bytes, bytes]] = []
+            for line in lines[1:]:
+                name, colon, value = line.partition(b":")
+                if not colon or not name or name != name.strip() or name[:1] in b" \t":
+                    raise httpx.RemoteProtocolError(f"illegal header line: {bytearray(line)!r}")
+                headers.append((name.lower(), value.strip(b" \t")))
+            if 100 <= status <= 199:
+                if status == 101:
+                    raise httpx.RemoteProtocolError("unexpected 101 Switching Protocols")
+                continue  # an interim reply; the real one follows
+            reply = _Reply(connection, status, headers, keep_alive=match.group(1) == b"1")
+            tokens = reply.header(b"connection")
+            if tokens is not None and b"close" in tokens.lower().replace(b" ", b"").split(b","):
+                reply.keep_alive = False
+            return reply
 
 
 async def _read_at_most(response: httpx.Response, limit: int, chunks: list[bytes]) -> bool:
@@ -296,8 +506,18 @@ class JudgeClient:
         self._default = Verdict(config.default_score, config.default_score, config.default_ranking)
         self._attempts_total = 0
         timeout = config.judge_request_timeout_s
+        # J-34: one client per server. Over the network it is the judge wire; a transport handed
+        # in (an in-process fake judge, a test double) is driven through httpx instead.
+        self._wire: _JudgeWire | None = None
+        self._http: httpx.AsyncClient | None = None
         if transport is None:
-            transport = _JudgeConnections(keepalive_expiry_s=KEEPALIVE_EXPIRY_S)
+            self._wire = _JudgeWire(
+                self._url,
+                judge_headers(self._api_key),
+                timeout_s=timeout,
+                keepalive_expiry_s=KEEPALIVE_EXPIRY_S,
+            )
+            return
         self._http = httpx.AsyncClient(
             transport=transport,
             timeout=httpx.Timeout(connect=timeout, read=timeout, write=timeout, pool=timeout),
@@ -329,7 +549,10 @@ class JudgeClient:
         return self._attempts_total
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._wire is not None:
+            await self._wire.aclose()
+        if self._http is not None:
+            await self._http.aclose()
 
     async def judge(
         self, task: JudgeTask, *, deadline: float | Callable[[], float] = math.inf
@@ -427,7 +650,12 @@ class JudgeClient:
         """One judge HTTP request, holding a concurrency slot for exactly its duration."""
         timeout = self._config.judge_request_timeout_s
         borrower = object()
-        await self._limiter.acquire_on_behalf_of(borrower)
+        try:
+            # A free slot is taken at once (FIFO still holds: it is free only if nobody waits),
+            # so the request goes out in this scheduling round rather than the next.
+            self._limiter.acquire_on_behalf_of_nowait(borrower)
+        except trio.WouldBlock:
+            await self._limiter.acquire_on_behalf_of(borrower)
         try:
             self._attempts_total += 1
             # J-27: the deadline starts once the slot is held and covers the whole exchange;
@@ -444,26 +672,47 @@ class JudgeClient:
             self._limiter.release_on_behalf_of(borrower)
 
     async def _exchange(self, body: bytes) -> AttemptOutcome:
-        async with self._http.stream("POST", self._url, content=body) as response:
-            status = response.status_code
-            chunks: list[bytes] = []
-            if 200 <= status <= 299:
-                if not await _read_at_most(response, MAX_REPLY_BYTES, chunks):
-                    return FatalFailure(
-                        cause=f"ReplyTooLarge: judge reply exceeds {MAX_REPLY_BYTES} bytes"
-                    )
-                return reply_outcome(
-                    self._config.judge_api,
-                    b"".join(chunks),
-                    default_score=self._config.default_score,
-                    default_ranking=self._config.default_ranking,
-                )
+        if self._wire is not None:
+            reply = await self._wire.request(body)
             try:
-                await _read_at_most(response, MAX_ERROR_BODY_BYTES, chunks)
-            except (httpx.NetworkError, httpx.RemoteProtocolError, httpx.DecodingError):
-                pass  # the status decides; whatever part of the body arrived is shown
-            prefix = b"".join(chunks)[:ERROR_BODY_BYTES]
-            retry_after = parse_retry_after(
-                response.headers.get("Retry-After"), now_epoch_s=time.time()
+                return await self._outcome(
+                    reply.status, reply.header(b"retry-after"), reply.read_at_most
+                )
+            finally:
+                await self._wire.release(reply)
+        assert self._http is not None
+        async with self._http.stream("POST", self._url, content=body) as response:
+            return await self._outcome(
+                response.status_code,
+                response.headers.get("Retry-After"),
+                partial(_read_at_most, response),
             )
-            return status_outcome(status, prefix, retry_after)
+
+    async def _outcome(
+        self,
+        status: int,
+        retry_after_header: bytes | str | None,
+        read_at_most: Callable[[int, list[bytes]], Awaitable[bool]],
+    ) -> AttemptOutcome:
+        """Read the reply's body as far as its status calls for and classify the attempt."""
+        chunks: list[bytes] = []
+        if 200 <= status <= 299:
+            if not await read_at_most(MAX_REPLY_BYTES, chunks):
+                return FatalFailure(
+                    cause=f"ReplyTooLarge: judge reply exceeds {MAX_REPLY_BYTES} bytes"
+                )
+            return reply_outcome(
+                self._config.judge_api,
+                chunks[0] if len(chunks) == 1 else b"".join(chunks),
+                default_score=self._config.default_score,
+                default_ranking=self._config.default_ranking,
+            )
+        try:
+            await read_at_most(MAX_ERROR_BODY_BYTES, chunks)
+        except (httpx.NetworkError, httpx.RemoteProtocolError, httpx.DecodingError):
+            pass  # the status decides; whatever part of the body arrived is shown
+        prefix = b"".join(chunks)[:ERROR_BODY_BYTES]
+        if isinstance(retry_after_header, bytes):
+            retry_after_header = retry_after_header.decode("latin-1")
+        retry_after = parse_retry_after(retry_after_header, now_epoch_s=time.time())
+        return status_outcome(status, prefix, retry_after)
