@@ -3,12 +3,12 @@ the same stack's bare echo endpoint measured in the same run (issue 5, target 2)
 
 Caveat: a 2-core machine. Three processes share the two cores: the server under test
 (`genrm-trio serve`, hypercorn + quart-trio, one Trio thread), the fake judge (`genrm-trio
-fake-judge`, zero latency) and this script, the load generator. The echo ceiling is a fourth
-process, idle while /verify is measured and vice versa. Throughput therefore includes the judge's
-and the load generator's CPU competing with the server's; server CPU per request is read from
-/proc/<pid>/stat (utime + stime, 10 ms ticks) before and after each round and excludes both.
-Other work on the machine moves the figures: echo and /verify rounds alternate and each is
-repeated, so compare the ratio, not one absolute number, across runs.
+fake-judge`, zero latency) and this script, the load generator. Each echo ceiling (and each
+extra server) is a process of its own, idle while another is measured. Throughput therefore
+includes the judge's and the load generator's CPU competing with the server's; server CPU per
+request is read from /proc/<pid>/stat (utime + stime, 10 ms ticks) before and after each round
+and excludes both. Other work on the machine moves the figures: the rounds of each server
+alternate and repeat, so compare ratios within a run, not one absolute number across runs.
 
 Workload: every round keeps `--in-flight` requests (default 1,024) outstanding as groups of 16
 posted at once, one keep-alive connection per request in flight. A group worker posts all 16
@@ -16,10 +16,14 @@ members of a fresh explicit group concurrently, waits for the 16 rows (they all 
 group's last comparison is judged), checks them, and starts its next group. Circular pairing
 with N = 16 makes one judge call per /verify. The echo ceiling is a quart-trio app on hypercorn
 (with the server's own hypercorn settings) that decodes the same body with msgspec and writes it
-back; it is driven by the same number of connections, each posting back to back.
+back (`quart-echo`, the ceiling the issue names), and the same work as a bare ASGI callable
+(`asgi-echo`, hypercorn and Trio alone); both are driven by the same number of connections,
+each posting back to back.
 
-    python benchmarks/bench_http.py            # 3 echo + 3 /verify rounds of 16,384 requests
-    python benchmarks/bench_http.py --short    # 2 + 2 rounds of 4,096 requests
+    python benchmarks/bench_http.py            # 3 rounds per server of 16,384 requests each
+    python benchmarks/bench_http.py --short    # 2 rounds per server of 4,096 requests each
+    python benchmarks/bench_http.py --baseline-source DIR   # also a server from another tree
+    python benchmarks/bench_http.py --variant wide:judge_max_concurrency=1024
 """
 
 from __future__ import annotations

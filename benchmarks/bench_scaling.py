@@ -331,10 +331,14 @@ async def run(args: argparse.Namespace) -> int:
     counts = [0, 1_000, 10_000] if args.short else [0, 1_000, 10_000, 100_000]
     probe = 200 if args.short else 500
     print(f"\n3. Retained finished groups (N = 2; {probe} more groups timed at each size)")
-    print(f"{'retained':>9} {'us/group':>9} {'entries pruning inspects per arrival':>37}")
+    print(
+        f"{'retained':>9} {'us/group':>9} {'entries pruning inspects per arrival':>37} "
+        f"{'full GC ms':>11}"
+    )
     for row in await retained_rows(counts, probe, args.tokens):
         print(
-            f"{row['retained']:>9.0f} {row['group_us']:>9.0f} {row['visits_per_arrival']:>37.2f}",
+            f"{row['retained']:>9.0f} {row['group_us']:>9.0f} "
+            f"{row['visits_per_arrival']:>37.2f} {row['full_gc_ms']:>11.1f}",
             flush=True,
         )
     print("with a count cap (max_terminal_cohorts), each new group evicting the oldest result:")

@@ -1,4 +1,4 @@
-"""The judge client: one comparison in, a verdict or a judge failure out, over httpx on Trio.
+"""The judge client: one comparison in, a verdict or a judge failure out, over HTTP/1.1 on Trio.
 
 It runs the attempt loop that attempts.py decides, under one FIFO concurrency limit per server.
 """
