@@ -242,14 +242,6 @@ class InvariantViolation(AssertionError):
     pass
 
 
-class EvaluationResult(NamedTuple):
-    """What publication decided, for the runtime's logs."""
-
-    record: Record
-    scored: int
-    masked: int
-
-
 def group_key(
     group_id: str | None, attempt: int, task_index: int | None, prompt_id: str | None, digest: str
 ) -> str:
@@ -492,11 +484,11 @@ class GroupRegistry:
 
     def finish_evaluation(
         self, record: Record, verdicts: Mapping[int, Verdict], now: float
-    ) -> EvaluationResult | None:
+    ) -> None:
         """Every comparison has ended: mask, score and publish at once (M-1..M-6, C-70)."""
         with critical_section():
             if record.phase is Phase.FAILED:
-                return None  # superseded or shut down: a late result never publishes
+                return  # superseded or shut down: a late result never publishes
             if record.phase is not Phase.EVALUATING:
                 raise RuntimeError(f"cannot publish a {record.phase.value} group")
             plan = record.plan
@@ -507,7 +499,7 @@ class GroupRegistry:
                 first = failed[min(failed)]
                 text = messages.every_rollout_masked(record.key, len(failed), total, first)
                 self._fail(record, FailureKind.JUDGE, text, now, [])
-                return None
+                return
             texts = [record.members[slot].texts for slot in range(record.size)]
             score = score_group(
                 record.size,
@@ -541,7 +533,6 @@ class GroupRegistry:
             for slot, member in record.members.items():
                 member.outcome = outcomes[slot]
             self._publish(record, now)
-            return EvaluationResult(record, record.size - len(masked), len(masked))
 
     def _check_publishable(
         self,

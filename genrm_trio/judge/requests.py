@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 import msgspec
 
 from genrm_trio import __version__
-from genrm_trio.config import Config, JudgeApi
+from genrm_trio.config import Config, JudgeApi, url_without_userinfo
 
 API_KEY_ENV = "GENRM_JUDGE_API_KEY"
 USER_AGENT = f"genrm-trio/{__version__}"
@@ -33,10 +33,9 @@ def judge_url(base_url: str, api: JudgeApi) -> str:
     User-info is dropped rather than sent: httpx would turn it into a Basic credential, and the
     same string is written into error texts (J-41).
     """
-    parts = urlsplit(base_url)
-    host = parts.netloc.rpartition("@")[2]
+    parts = urlsplit(url_without_userinfo(base_url))
     path = parts.path.rstrip("/") + _PATHS[api]
-    return urlunsplit((parts.scheme, host, path, parts.query, ""))
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
 def resolve_api_key(config: Config, environ: Mapping[str, str]) -> str | None:

@@ -16,14 +16,14 @@ import trio
 from genrm_trio.config import Config
 from genrm_trio.core import messages
 from genrm_trio.core.pairs import Comparison, baseline_order_digest, plan_comparisons
-from genrm_trio.core.scoring import score_group
+from genrm_trio.core.scoring import oriented_results, score_group
 from genrm_trio.core.texts import (
     effective_principle,
     extract_scoring_text,
     judge_answer_text,
     normalize_compare_history,
 )
-from genrm_trio.core.verdicts import Verdict, mapped_back
+from genrm_trio.core.verdicts import Verdict
 from genrm_trio.judge.client import JudgeClient, JudgeFailure, JudgeTask
 
 log = logging.getLogger("genrm_trio")
@@ -102,7 +102,18 @@ async def run_compare(
         raise CompareUnavailable(detail)
     score = score_group(count, texts, plan, verdicts, (), config)
     rewards = [score.rewards[k] for k in range(count)]
-    results = [_result_row(comparison, verdicts[comparison.index]) for comparison in plan]
+    # Every comparison succeeded, so oriented_results pairs one-to-one with the plan.
+    results = [
+        {
+            "response_i": i,
+            "response_j": j,
+            "judge_idx": comparison.judge_pass,
+            "score_1": verdict.score_1,
+            "score_2": verdict.score_2,
+            "ranking": verdict.ranking,
+        }
+        for comparison, (i, j, verdict) in zip(plan, oriented_results(plan, verdicts), strict=True)
+    ]
     metrics = {
         "mean_individual_score": score.metrics.mean_individual_score,
         "std_individual_score": score.metrics.std_individual_score,
@@ -139,19 +150,3 @@ async def _judge_one(
         )
         return
     verdicts[comparison.index] = result.verdict
-
-
-def _result_row(comparison: Comparison, verdict: Verdict) -> dict[str, float | int]:
-    """One `comparison_results` entry, oriented rollout-first under fixed_baseline (S-51)."""
-    first, second = comparison.first, comparison.second
-    if comparison.swapped:
-        verdict = mapped_back(verdict)
-        first, second = second, first
-    return {
-        "response_i": first,
-        "response_j": second,
-        "judge_idx": comparison.judge_pass,
-        "score_1": verdict.score_1,
-        "score_2": verdict.score_2,
-        "ranking": verdict.ranking,
-    }
