@@ -29,13 +29,8 @@ each posting back to back.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import os
 import re
-import resource
-import signal
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -46,95 +41,16 @@ from typing import Any
 
 import msgspec
 import trio
+from _common import Child, cpu_seconds, own_cpu_seconds, rss_bytes, start_child
 
 GROUP_SIZE = 16
 ECHOES = ("quart-echo", "asgi-echo")
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _GID = b"@@GROUP@@"
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*([0-9]+)", re.IGNORECASE)
 _RECEIVE = 1 << 16
 
 
 # ---- processes ----------------------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of process ``pid`` so far, from /proc (all its threads)."""
-    with open(f"/proc/{pid}/stat", "rb") as stat:
-        fields = stat.read().rsplit(b")", 1)[1].split()
-    # Fields 14 and 15 of proc(5), counted from the state field (3) after the command name.
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident set size of process ``pid`` now."""
-    with open(f"/proc/{pid}/statm", "rb") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def own_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-@dataclass
-class Child:
-    """A helper process that printed the URL it listens on as the last word of a line."""
-
-    process: subprocess.Popen[bytes]
-    url: str
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    @property
-    def port(self) -> int:
-        return int(self.url.rstrip("/").split(":")[-1].split("/")[0])
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def _die_with_parent() -> None:
-    # PR_SET_PDEATHSIG: a benchmark killed outright must not leave its servers running.
-    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
-
-
-def start_child(
-    argv: Sequence[str],
-    marker: str,
-    *,
-    stderr: Any = subprocess.DEVNULL,
-    source: str | None = None,
-) -> Child:
-    """Start ``argv`` and wait for its stdout line containing ``marker``; its last word is the
-    URL the child listens on. ``source`` puts another copy of the package first on its path."""
-    env = dict(os.environ)
-    if source is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
-    # Not the working directory: `python -m` puts it first on the path, ahead of ``source``.
-    process = subprocess.Popen(
-        list(argv),
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        env=env,
-        cwd=Path(__file__).resolve().parent,
-        preexec_fn=_die_with_parent,
-    )
-    assert process.stdout is not None
-    for raw in process.stdout:
-        line = raw.decode()
-        if marker in line:
-            return Child(process, line.split()[-1])
-    process.wait()
-    raise RuntimeError(f"{argv[0]} exited with {process.returncode} before listening")
 
 
 def start_fake_judge(*extra: str) -> Child:

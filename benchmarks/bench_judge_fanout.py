@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 import httpx
 import trio
 import trio.testing
-from bench_http import Child, cpu_seconds, own_cpu_seconds, percentile, start_fake_judge
+from _common import Child, cpu_seconds, own_cpu_seconds
+from bench_http import percentile, start_fake_judge
 
 from genrm_trio.config import Config
 from genrm_trio.judge.client import JudgeClient, JudgeTask, JudgeVerdict

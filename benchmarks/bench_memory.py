@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,18 +37,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
     BodyShape,
+    Child,
+    cpu_seconds,
     gib,
     machine_line,
     parser,
     peak_rss_bytes,
     rss_bytes,
+    start_child,
     table,
     verify_body,
 )
 
 GROUP_SIZE = 16
 _GID = "@@GROUP@@"
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -77,46 +78,6 @@ class Result:
     @property
     def held_per_answer(self) -> float:
         return (self.loaded_rss - self.idle_rss) / self.scenario.answers
-
-
-class Child:
-    """A helper process that prints the URL it listens on as the last word of a line."""
-
-    def __init__(self, argv: Sequence[str], marker: str) -> None:
-        self.process = subprocess.Popen(
-            list(argv), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-        )
-        assert self.process.stdout is not None
-        for raw in self.process.stdout:
-            line = raw.decode()
-            if marker in line:
-                self.url = line.split()[-1]
-                return
-        self.process.wait()
-        raise RuntimeError(f"{argv[3]} exited with {self.process.returncode} before listening")
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    @property
-    def port(self) -> int:
-        return int(self.url.rstrip("/").split(":")[-1].split("/")[0])
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat", "rb") as stat:
-        fields = stat.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 def body_templates(shape: BodyShape) -> list[tuple[bytes, bytes]]:
@@ -174,7 +135,7 @@ async def settle(server: Child, client: httpx.AsyncClient, groups: int) -> None:
 
 
 async def measure(scenario: Scenario, judge_url: str, round_name: str) -> Result:
-    server = Child(
+    server = start_child(
         [
             sys.executable,
             "-m",
@@ -241,7 +202,7 @@ def main() -> None:
         scenarios = [Scenario(512, 8_192, 0.25), Scenario(2_048, 16_384, 1.2)]
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as rules:
         json.dump([{"action": "hang"}], rules)
-    judge = Child(
+    judge = start_child(
         [
             sys.executable,
             "-m",
