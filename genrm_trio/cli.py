@@ -123,9 +123,24 @@ def prepare_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+# hypercorn reads a socket in chunks of up to MAX_RECV bytes and keeps the last chunk referenced
+# while it waits for the next read, so every connection with a request waiting holds up to one
+# chunk besides the body the reply must echo, and bigger chunks leave bigger holes in the heap.
+# Halving hypercorn's 64 KiB took 2,048 waiting answers of 491 KiB from 1.26 to 1.15 GiB for
+# about 10% more CPU per such body (16 KiB: another 20%); bodies under 32 KiB are read as before
+# (docs/performance.md, "Memory").
+SOCKET_READ_BYTES = 32 * 1024
+
+
 def hypercorn_settings(config: Config) -> HypercornConfig:
-    """hypercorn's settings for `serve`; the HTTP benchmark's echo ceiling uses them too."""
+    """hypercorn's settings for `serve`; the HTTP benchmark's echo ceiling uses them too.
+
+    Also sets hypercorn's socket read size, which is a module constant rather than a setting.
+    """
+    import hypercorn.trio.tcp_server
     from hypercorn.config import Config as HypercornConfig
+
+    hypercorn.trio.tcp_server.MAX_RECV = SOCKET_READ_BYTES
 
     settings = HypercornConfig()
     settings.bind = [f"{config.host}:{config.port}"]

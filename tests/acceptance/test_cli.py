@@ -335,3 +335,41 @@ def test_sigterm_answers_waiting_requests_and_exits(cli: Any) -> None:
         )
     judge.send_signal(signal.SIGTERM)
     assert judge.wait() == 0
+
+
+# --- large bodies through the deployed server ---------------------------------------------------
+
+
+def test_large_bodies_are_scored_and_echoed_byte_for_byte(cli: Any) -> None:
+    # W-21 through hypercorn as `serve` configures it: each body spans dozens of socket reads.
+    judge, judge_url = cli.start_fake_judge()
+    process, url, _ = cli.start_serve(*judge_sets(judge_url), "--set", "num_rollouts_per_prompt=2")
+    texts = []
+    for i in range(2):
+        body = member(i, "large")
+        message = body["response"]["output"][0]
+        tokens = range(60_000)
+        message["generation_token_ids"] = [(i * 7_919 + k * 104_729) % 151_936 for k in tokens]
+        message["generation_log_probs"] = [-((k % 997) + 0.5) / 1_000.3 for k in tokens]
+        texts.append(json.dumps(body).encode())
+    assert all(len(text) > 1_000_000 for text in texts)
+
+    def post(text: bytes) -> httpx.Response:
+        with httpx.Client(base_url=url, timeout=SAFETY_S, trust_env=False) as client:
+            return client.post("/verify", content=text)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        replies = list(pool.map(post, texts))
+
+    for text, reply in zip(texts, replies, strict=True):
+        assert reply.status_code == 200, reply.text
+        row = reply.json()
+        assert row.get("mask_sample") is not True
+        assert isinstance(row["reward"], float)
+        sent = json.loads(text)
+        response_text = json.dumps(sent["response"]).encode()
+        assert reply.content.count(response_text) == 1
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(SAFETY_S) == 0
+    judge.send_signal(signal.SIGTERM)
+    assert judge.wait(SAFETY_S) == 0
