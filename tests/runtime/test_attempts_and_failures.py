@@ -44,6 +44,28 @@ async def test_higher_attempt_with_another_prompt_supersedes_nothing() -> None:
         assert (await waiting.result()).reward == 3.0
 
 
+def with_baseline(i: int, baseline: str) -> dict[str, object]:
+    params = {"input": "2+2?", "metadata": {"baseline_response": baseline}}
+    return member(i, responses_create_params=params)
+
+
+async def test_another_baseline_in_the_same_group_is_inconsistent() -> None:
+    # AS-84: the baseline is part of the prompt digest under fixed_baseline.
+    async with (
+        running_server(comparison_strategy="fixed_baseline") as server,
+        trio.open_nursery() as nursery,
+    ):
+        waiting = server.start_verify(nursery, with_baseline(0, "BASE"))
+        await trio.testing.wait_all_tasks_blocked()
+        other = await server.verify(with_baseline(1, "ANOTHER BASE"))
+        text = "GenRM group 'g' received inconsistent prompt or principle content"
+        assert (other.status, other.detail) == (409, text)
+        assert server.calls() == 0
+        rows = [await server.verify(with_baseline(1, "BASE")), await waiting.result()]
+        assert [row.status for row in rows] == [200, 200]
+        assert not any(row.masked for row in rows)
+
+
 async def test_late_judge_replies_of_a_superseded_attempt_change_nothing(autojump_clock) -> None:
     # AS-103
     judge = FakeJudge(latency="fixed:1")
