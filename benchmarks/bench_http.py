@@ -1,5 +1,5 @@
 """Benchmark /verify throughput over real loopback HTTP through hypercorn, against the ceiling of
-the same stack's bare echo endpoint measured in the same run (issue 5, target 2).
+the same stack's bare echo endpoint measured in the same run (goal 2 in docs/performance.md).
 
 Caveat: a 2-core machine. Three processes share the two cores: the server under test
 (`genrm-trio serve`, hypercorn + quart-trio, one Trio thread), the fake judge (`genrm-trio
@@ -16,7 +16,7 @@ members of a fresh explicit group concurrently, waits for the 16 rows (they all 
 group's last comparison is judged), checks them, and starts its next group. Circular pairing
 with N = 16 makes one judge call per /verify. The echo ceiling is a quart-trio app on hypercorn
 (with the server's own hypercorn settings) that decodes the same body with msgspec and writes it
-back (`quart-echo`, the ceiling the issue names), and the same work as a bare ASGI callable
+back (`quart-echo`, the ceiling goal 2 names), and the same work as a bare ASGI callable
 (`asgi-echo`, hypercorn and Trio alone); both are driven by the same number of connections,
 each posting back to back.
 
@@ -88,7 +88,7 @@ def serve_echo(kind: str) -> None:
     settings (runs in a child).
 
     ``quart``: a quart-trio route that decodes the body with msgspec and writes it back (the
-    issue's ceiling). ``asgi``: the same work as a bare ASGI callable, without Quart's request
+    ceiling of goal 2). ``asgi``: the same work as a bare ASGI callable, without Quart's request
     machinery; the floor that hypercorn itself sets.
     """
     from hypercorn.trio import serve

@@ -1,6 +1,6 @@
 """Benchmark judge fan-out: judge calls per second through the server's judge client, and the
-latency of each attempt when hundreds of comparisons are released at once (issue 5, target 4;
-SPEC J-33, J-34, J-34a).
+latency of each attempt when hundreds of comparisons are released at once (goal 4 in
+docs/performance.md; SPEC J-33, J-34, J-34a).
 
 Caveat: a 2-core machine. The judge client runs in this process, the fake judge (`genrm-trio
 fake-judge`, h11 on Trio) in another; each is one Trio thread, so the two share the two cores

@@ -1,5 +1,6 @@
-"""Memory of answers waiting at a blocked judge (issue 5, target 3): peak and current resident
-memory of the server process, and the bytes it holds per waiting answer against the body size.
+"""Memory of answers waiting at a blocked judge (goal 3 in docs/performance.md): peak and current
+resident memory of the server process, and the bytes it holds per waiting answer against the body
+size.
 
 Caveat: Linux only (/proc). Two processes besides this one: `genrm-trio serve` (the server under
 test, as deployed: hypercorn, one Trio thread, default settings but group size 16) and

@@ -1,5 +1,6 @@
-"""Per-request CPU of one large /verify body (issue 5, target 1): decode and validation, response
-fingerprint, prompt digest, compaction and echo, against baselines measured in the same run.
+"""Per-request CPU of one large /verify body (goal 1 in docs/performance.md): decode and
+validation, response fingerprint, prompt digest, compaction and echo, against baselines measured
+in the same run.
 
 Caveat: CPU time of this one thread (time.thread_time), measured in one process on whatever
 machine runs it; the first line printed names it. The figures are for the request's own work in
@@ -58,7 +59,7 @@ METRICS = {
 }
 
 
-# Issue 5, target 1, for the body of 65,536 generated and 16,384 prompt tokens.
+# Goal 1, for the body of 65,536 generated and 16,384 prompt tokens.
 TARGET_WHOLE_MS = 2.0
 TARGET_FINGERPRINT_MS = 1.0
 
@@ -171,7 +172,7 @@ def main() -> None:
     )
     if tokens == 65_536:
         print(
-            f"target 1: whole request <= {TARGET_WHOLE_MS} ms: "
+            f"goal 1: whole request <= {TARGET_WHOLE_MS} ms: "
             f"{'met' if whole * 1e3 <= TARGET_WHOLE_MS else 'not met'}; fingerprint <= "
             f"{TARGET_FINGERPRINT_MS} ms: "
             f"{'met' if fingerprint * 1e3 <= TARGET_FINGERPRINT_MS else 'not met'}"

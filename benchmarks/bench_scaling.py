@@ -1,5 +1,6 @@
-"""Benchmark how the group engine's time and memory grow with the work (issue 5, target 6): groups
-in flight, group size, circular against all_pairs, and retained finished groups.
+"""Benchmark how the group engine's time and memory grow with the work (goal 6 in
+docs/performance.md): groups in flight, group size, circular against all_pairs, and retained
+finished groups.
 
 Caveat: a 2-core machine, one process. Requests go straight to the engine (`Engine.verify` on
 bodies parsed by `parse_verify_body`, so parsing and the fingerprint are included); there is no

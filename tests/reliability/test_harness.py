@@ -1,4 +1,4 @@
-"""The race harness as a user sees it: the pytest fixtures and the controlled judge (issue 4)."""
+"""The race harness as a user sees it: the pytest fixtures and the controlled judge."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every invariant check catches its invariant broken on purpose (issue 4: mutation tests).
+"""Every invariant check catches its invariant broken on purpose (mutation tests).
 
 Each test monkeypatches one defect into the product, plays a short scenario that reaches it,
 and asserts that the runner reports the invariant it breaks. The same scenario passes without

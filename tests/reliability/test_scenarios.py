@@ -1,4 +1,4 @@
-"""Seeded race scenarios under load: every invariant holds after every step (§10.15, issue 4)."""
+"""Seeded race scenarios under load: every invariant holds after every step (§10.15)."""
 
 from __future__ import annotations
 
