@@ -268,7 +268,7 @@ def _split_standard(data: bytes) -> list[Member] | None:
         key_match = _STRING.match(data, pos)
         if key_match is None:
             return None
-        key: str = msgspec.json.decode(key_match.group(), type=str)
+        key: str = _KEY.decode(key_match.group())
         colon = _skip(data, key_match.end())
         value_start = _skip(data, colon + 1)
         raw = raw_values.get(key)
