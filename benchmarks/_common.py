@@ -14,6 +14,7 @@ import signal
 import statistics
 import struct
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -363,3 +364,29 @@ def start_child(
             return Child(process, line.split()[-1])
     process.wait()
     raise RuntimeError(f"{argv[0]} exited with {process.returncode} before listening")
+
+
+def start_fake_judge(*extra: str) -> Child:
+    """`genrm-trio fake-judge` over TCP in its own process (zero latency unless ``extra`` says)."""
+    argv = [sys.executable, "-m", "genrm_trio.cli", "fake-judge", "--port", "0", *extra]
+    return start_child(argv, "fake judge listening on")
+
+
+def start_server(
+    judge_url: str,
+    group_size: int,
+    sets: Sequence[str] = (),
+    *extra: str,
+    source: str | None = None,
+) -> Child:
+    """`genrm-trio serve` in its own process, on a free port, judged by ``judge_url``, with
+    ``--set`` for each of ``sets`` and ``extra`` arguments; ``source`` as for ``start_child``."""
+    argv = [sys.executable, "-m", "genrm_trio.cli", "serve", "--port", "0"]
+    for setting in (
+        f"judge_base_url={judge_url}",
+        "judge_model=judge",
+        f"num_rollouts_per_prompt={group_size}",
+        *sets,
+    ):
+        argv += ["--set", setting]
+    return start_child([*argv, *extra], "genrm-trio listening on", source=source)

@@ -41,7 +41,15 @@ from typing import Any
 
 import msgspec
 import trio
-from _common import Child, cpu_seconds, own_cpu_seconds, rss_bytes, start_child
+from _common import (
+    Child,
+    cpu_seconds,
+    own_cpu_seconds,
+    rss_bytes,
+    start_child,
+    start_fake_judge,
+    start_server,
+)
 
 GROUP_SIZE = 16
 ECHOES = ("quart-echo", "asgi-echo")
@@ -51,33 +59,6 @@ _RECEIVE = 1 << 16
 
 
 # ---- processes ----------------------------------------------------------------------------------
-
-
-def start_fake_judge(*extra: str) -> Child:
-    """The fake judge over TCP in its own process (zero latency unless ``extra`` says)."""
-    argv = [sys.executable, "-m", "genrm_trio.cli", "fake-judge", "--port", "0", *extra]
-    return start_child(argv, "fake judge listening on")
-
-
-def start_server(judge_url: str, sets: Sequence[str] = (), source: str | None = None) -> Child:
-    """`genrm-trio serve` in its own process, on a free port, judged by ``judge_url``."""
-    argv = [
-        sys.executable,
-        "-m",
-        "genrm_trio.cli",
-        "serve",
-        "--port",
-        "0",
-        "--set",
-        f"judge_base_url={judge_url}",
-        "--set",
-        "judge_model=judge",
-        "--set",
-        f"num_rollouts_per_prompt={GROUP_SIZE}",
-    ]
-    for setting in sets:
-        argv += ["--set", setting]
-    return start_child(argv, "genrm-trio listening on", source=source)
 
 
 # ---- the echo ceiling -----------------------------------------------------------------------
@@ -558,11 +539,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if kind in ECHOES:
                 children[kind] = start_child([*me, kind.removesuffix("-echo")], "echo")
             elif kind == "verify":
-                children[kind] = start_server(judge.url, args.set)
+                children[kind] = start_server(judge.url, GROUP_SIZE, args.set)
             elif kind == "verify-baseline" and args.baseline_source:
-                children[kind] = start_server(judge.url, args.set, args.baseline_source)
+                children[kind] = start_server(
+                    judge.url, GROUP_SIZE, args.set, source=args.baseline_source
+                )
             elif kind.removeprefix("verify-") in args.variants:
-                children[kind] = start_server(judge.url, args.variants[kind[7:]])
+                children[kind] = start_server(judge.url, GROUP_SIZE, args.variants[kind[7:]])
             else:
                 parser.error(f"unknown round kind {kind!r}")
         return trio.run(run, args, children, judge)

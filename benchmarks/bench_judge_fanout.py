@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 import httpx
 import trio
 import trio.testing
-from _common import Child, cpu_seconds, own_cpu_seconds
-from bench_http import percentile, start_fake_judge
+from _common import Child, cpu_seconds, own_cpu_seconds, start_fake_judge
+from bench_http import percentile
 
 from genrm_trio.config import Config
 from genrm_trio.judge.client import JudgeClient, JudgeTask, JudgeVerdict

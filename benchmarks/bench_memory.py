@@ -45,7 +45,8 @@ from _common import (
     parser,
     peak_rss_bytes,
     rss_bytes,
-    start_child,
+    start_fake_judge,
+    start_server,
     table,
     verify_body,
 )
@@ -136,25 +137,7 @@ async def settle(server: Child, client: httpx.AsyncClient, groups: int) -> None:
 
 
 async def measure(scenario: Scenario, judge_url: str, round_name: str) -> Result:
-    server = start_child(
-        [
-            sys.executable,
-            "-m",
-            "genrm_trio.cli",
-            "serve",
-            "--port",
-            "0",
-            "--set",
-            f"judge_base_url={judge_url}",
-            "--set",
-            "judge_model=judge",
-            "--set",
-            f"num_rollouts_per_prompt={GROUP_SIZE}",
-            "--log-level",
-            "ERROR",
-        ],
-        "genrm-trio listening on",
-    )
+    server = start_server(judge_url, GROUP_SIZE, (), "--log-level", "ERROR")
     streams: list[trio.SocketStream] = []
     try:
         templates = body_templates(scenario.shape)
@@ -203,19 +186,7 @@ def main() -> None:
         scenarios = [Scenario(512, 8_192, 0.25), Scenario(2_048, 16_384, 1.2)]
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as rules:
         json.dump([{"action": "hang"}], rules)
-    judge = start_child(
-        [
-            sys.executable,
-            "-m",
-            "genrm_trio.cli",
-            "fake-judge",
-            "--port",
-            "0",
-            "--rules",
-            rules.name,
-        ],
-        "fake judge listening on",
-    )
+    judge = start_fake_judge("--rules", rules.name)
     results = []
     try:
         for index, scenario in enumerate(scenarios):
