@@ -168,6 +168,16 @@ class Policy:
         self.rewards[group][slot] = float(reply["reward"])
 
 
+def _finished(policy: Policy, judge_stats: dict[str, Any]) -> Run:
+    return Run(
+        policy.sent,
+        policy.replied,
+        policy.rewards,
+        calls=int(judge_stats["requests_total"]),
+        max_judge_in_flight=int(judge_stats["max_in_flight"]),
+    )
+
+
 def _server_settings(setting: Setting, early: bool) -> dict[str, Any]:
     return {
         "num_rollouts_per_prompt": GROUP_SIZE,
@@ -196,30 +206,29 @@ async def _simulated(setting: Setting, workload: Workload, early: bool, seed: in
         policy = Policy(workload, post)
         await policy.run()
         stats = judge.stats()
-    return Run(
-        policy.sent,
-        policy.replied,
-        policy.rewards,
-        calls=int(stats["requests_total"]),
-        max_judge_in_flight=int(stats["max_in_flight"]),
-    )
+    return _finished(policy, stats)
 
 
 def run_simulated(setting: Setting, workload: Workload, early: bool, seed: int) -> Run:
     clock = trio.testing.MockClock(autojump_threshold=0)
+    return _timed(partial(_simulated, setting, workload, early, seed), clock=clock)
+
+
+def _timed(run: Callable[[], Awaitable[Run]], clock: trio.abc.Clock | None = None) -> Run:
+    """``run`` under its own trio.run, with the process CPU time it took."""
     cpu = time.process_time()
-    run = trio.run(_simulated, setting, workload, early, seed, clock=clock)
-    run.cpu_s = time.process_time() - cpu
-    return run
+    result = trio.run(run, clock=clock)
+    result.cpu_s = time.process_time() - cpu
+    return result
 
 
 # ---- real clock over loopback HTTP ------------------------------------------------------------
 
 
 async def _real_clock(setting: Setting, workload: Workload, early: bool, seed: int) -> Run:
-    from hypercorn.config import Config as HypercornConfig
     from hypercorn.trio import serve as hypercorn_serve
 
+    from genrm_trio.cli import hypercorn_settings
     from genrm_trio.http.app import create_app
 
     judge = FakeJudge(seed=seed, latency=setting.judge_latency)
@@ -234,13 +243,9 @@ async def _real_clock(setting: Setting, workload: Workload, early: bool, seed: i
             }
         )
         app = create_app(config)
-        settings = HypercornConfig()
-        settings.bind = ["127.0.0.1:0"]
-        settings.accesslog = None
-        settings.errorlog = None
         stop = trio.Event()
         binds = await nursery.start(
-            partial(hypercorn_serve, app, settings, shutdown_trigger=stop.wait)
+            partial(hypercorn_serve, app, hypercorn_settings(config), shutdown_trigger=stop.wait)
         )
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         async with httpx.AsyncClient(
@@ -256,20 +261,11 @@ async def _real_clock(setting: Setting, workload: Workload, early: bool, seed: i
         stats = judge.stats()
         stop.set()
         nursery.cancel_scope.cancel()
-    return Run(
-        policy.sent,
-        policy.replied,
-        policy.rewards,
-        calls=int(stats["requests_total"]),
-        max_judge_in_flight=int(stats["max_in_flight"]),
-    )
+    return _finished(policy, stats)
 
 
 def run_real_clock(setting: Setting, workload: Workload, early: bool, seed: int) -> Run:
-    cpu = time.process_time()
-    run = trio.run(_real_clock, setting, workload, early, seed)
-    run.cpu_s = time.process_time() - cpu
-    return run
+    return _timed(partial(_real_clock, setting, workload, early, seed))
 
 
 # ---- report -----------------------------------------------------------------------------------
