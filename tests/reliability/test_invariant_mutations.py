@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -92,64 +91,70 @@ def invariants_caught(report: ScenarioReport) -> set[str]:
     return {v.invariant for v in report.violations}
 
 
-def assert_catches(
-    monkeypatch: pytest.MonkeyPatch,
-    script: Script,
-    mutate: Callable[[pytest.MonkeyPatch], None],
-    invariant: str,
-) -> None:
+# A defect: the attribute ``name`` of ``target`` replaced by ``value`` while the script plays.
+Defect = tuple[Any, str, Any]
+
+
+def play_with(script: Script, *defects: Defect) -> ScenarioReport:
+    """The report of ``script`` played with ``defects`` in place; it passes without them."""
     clean = play(script)
     assert clean.ok, clean.summary()
-    with monkeypatch.context() as patch:
-        mutate(patch)
-        report = play(script)
+    with pytest.MonkeyPatch.context() as patch:
+        for target, name, value in defects:
+            patch.setattr(target, name, value)
+        return play(script)
+
+
+def assert_catches(script: Script, invariant: str, *defects: Defect) -> None:
+    report = play_with(script, *defects)
     assert invariant in invariants_caught(report), report.summary()
+
+
+_SCORE_GROUP = groups.score_group
+
+
+def swapped_rewards(*args: Any, **kwargs: Any) -> Any:
+    """``score_group`` with the rewards handed to the slots in reverse order."""
+    score = _SCORE_GROUP(*args, **kwargs)
+    slots = sorted(score.rewards)
+    values = [score.rewards[slot] for slot in reversed(slots)]
+    return score._replace(rewards=dict(zip(slots, values, strict=True)))
 
 
 # ---- I-1: no checkpoint inside bookkeeping -----------------------------------------------------
 
 
-def test_a_checkpoint_inside_arrival_bookkeeping_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_checkpoint_inside_arrival_bookkeeping_is_caught() -> None:
     script = Script()
     script.complete()
 
-    def mutate(patch: pytest.MonkeyPatch) -> None:
-        verify = Engine.verify
+    verify = Engine.verify
 
-        async def verify_with_await(self: Engine, request: Any) -> Any:
-            with critical_section():
-                await trio.lowlevel.checkpoint()  # an await slipped into resolution
-            return await verify(self, request)
+    async def verify_with_await(self: Engine, request: Any) -> Any:
+        with critical_section():
+            await trio.lowlevel.checkpoint()  # an await slipped into resolution
+        return await verify(self, request)
 
-        patch.setattr(Engine, "verify", verify_with_await)
-
-    assert_catches(monkeypatch, script, mutate, "I-1")
+    assert_catches(script, "I-1", (Engine, "verify", verify_with_await))
 
 
-def test_a_checkpoint_inside_evaluation_bookkeeping_is_caught(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_checkpoint_inside_evaluation_bookkeeping_is_caught() -> None:
     script = Script()
     script.complete()
 
-    def mutate(patch: pytest.MonkeyPatch) -> None:
-        judge = JudgeClient.judge
+    judge = JudgeClient.judge
 
-        async def judge_inside(self: JudgeClient, task: Any, *, deadline: float = math.inf) -> Any:
-            with critical_section():
-                return await judge(self, task, deadline=deadline)
+    async def judge_inside(self: JudgeClient, task: Any, *, deadline: float = math.inf) -> Any:
+        with critical_section():
+            return await judge(self, task, deadline=deadline)
 
-        patch.setattr(JudgeClient, "judge", judge_inside)
-
-    assert_catches(monkeypatch, script, mutate, "I-1")
+    assert_catches(script, "I-1", (JudgeClient, "judge", judge_inside))
 
 
 # ---- I-2: index consistency ----------------------------------------------------------------
 
 
-def test_supersession_that_leaves_the_old_result_indexed_is_caught(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_supersession_that_leaves_the_old_result_indexed_is_caught() -> None:
     script = Script()
     script.complete(a=0)
     script.post(0, a=1)
@@ -164,15 +169,10 @@ def test_supersession_that_leaves_the_old_result_indexed_is_caught(
         if self.explicit.get(record.group_id) is record:
             del self.explicit[record.group_id]
 
-    def mutate(patch: pytest.MonkeyPatch) -> None:
-        patch.setattr(GroupRegistry, "_supersede", supersede_keeping_index)
-
-    assert_catches(monkeypatch, script, mutate, "I-2")
+    assert_catches(script, "I-2", (GroupRegistry, "_supersede", supersede_keeping_index))
 
 
-def test_a_finished_group_missing_from_the_idle_order_is_caught(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_finished_group_missing_from_the_idle_order_is_caught() -> None:
     script = Script()
     script.complete()
 
@@ -181,18 +181,13 @@ def test_a_finished_group_missing_from_the_idle_order_is_caught(
         record.terminal_time = now
         self.terminal_index.stamp(id(record), record, now)
 
-    def mutate(patch: pytest.MonkeyPatch) -> None:
-        patch.setattr(GroupRegistry, "_become_terminal", terminal_without_idle)
-
-    assert_catches(monkeypatch, script, mutate, "I-2")
+    assert_catches(script, "I-2", (GroupRegistry, "_become_terminal", terminal_without_idle))
 
 
 # ---- R-1 … R-4: retention order ----------------------------------------------------------
 
 
-def test_a_refresh_that_keeps_the_old_idle_position_is_caught(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_refresh_that_keeps_the_old_idle_position_is_caught() -> None:
     # A replay moves its group to the end of the idle order (C-41, R-5.1); the defect updates
     # the time but leaves the entry where it was, so count eviction would remove the wrong one.
     script = Script()
@@ -203,18 +198,13 @@ def test_a_refresh_that_keeps_the_old_idle_position_is_caught(
     def stamp_in_place(self: AgedIndex[Any, Any], key: Any, value: Any, now: float) -> None:
         self._entries[key] = (now, value)
 
-    def mutate(patch: pytest.MonkeyPatch) -> None:
-        patch.setattr(AgedIndex, "stamp", stamp_in_place)
-
-    assert_catches(monkeypatch, script, mutate, "R-1")
+    assert_catches(script, "R-1", (AgedIndex, "stamp", stamp_in_place))
 
 
 # ---- I-3: terminal records keep nothing they no longer need ------------------------------------
 
 
-def test_a_published_record_that_keeps_its_texts_is_caught(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_published_record_that_keeps_its_texts_is_caught() -> None:
     script = Script()
     script.complete()
     publish = GroupRegistry._publish
@@ -225,29 +215,25 @@ def test_a_published_record_that_keeps_its_texts_is_caught(
         for slot, member in record.members.items():
             member.texts = texts[slot]
 
-    def mutate(patch: pytest.MonkeyPatch) -> None:
-        patch.setattr(GroupRegistry, "_publish", publish_keeping_texts)
-
-    assert_catches(monkeypatch, script, mutate, "I-3")
+    assert_catches(script, "I-3", (GroupRegistry, "_publish", publish_keeping_texts))
 
 
 # ---- I-4: no waiter left behind ------------------------------------------------------------
 
 
-def test_a_disconnect_that_leaves_its_waiter_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_disconnect_that_leaves_its_waiter_is_caught() -> None:
     script = Script()
     request = script.post(0)
     script.then(Disconnect(request))
 
-    def mutate(patch: pytest.MonkeyPatch) -> None:
-        patch.setattr(GroupRegistry, "detach", lambda self, record, slot, waiter: None)
+    assert_catches(
+        script,
+        "I-4",
+        (GroupRegistry, "detach", lambda self, record, slot, waiter: None),
+    )
 
-    assert_catches(monkeypatch, script, mutate, "I-4")
 
-
-def test_a_shutdown_that_forgets_waiting_groups_is_caught(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_shutdown_that_forgets_waiting_groups_is_caught() -> None:
     script = Script()
     script.post(0, g="collecting")
     script.fault((0, 1), "hold", g="evaluating")
@@ -259,16 +245,13 @@ def test_a_shutdown_that_forgets_waiting_groups_is_caught(
             self.closed = True
             return []
 
-    def mutate(patch: pytest.MonkeyPatch) -> None:
-        patch.setattr(GroupRegistry, "shut_down", close_only)
-
-    assert_catches(monkeypatch, script, mutate, "I-4")
+    assert_catches(script, "I-4", (GroupRegistry, "shut_down", close_only))
 
 
 # ---- I-5: no partial publication ----------------------------------------------------------
 
 
-def test_publishing_one_slot_early_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_publishing_one_slot_early_is_caught() -> None:
     script = Script()
     script.fault((1, 0), "hold")
     script.complete(qualities=[4, 2])
@@ -286,16 +269,13 @@ def test_publishing_one_slot_early_is_caught(monkeypatch: pytest.MonkeyPatch) ->
                 waiter.resolve(member.outcome)
             member.waiters = []
 
-    def mutate(patch: pytest.MonkeyPatch) -> None:
-        patch.setattr(Engine, "_compare", compare_then_publish)
-
-    assert_catches(monkeypatch, script, mutate, "I-5")
+    assert_catches(script, "I-5", (Engine, "_compare", compare_then_publish))
 
 
 # ---- I-6: exact judge calls ------------------------------------------------------------------
 
 
-def test_judging_a_comparison_twice_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_judging_a_comparison_twice_is_caught() -> None:
     script = Script()
     script.complete()
     judge = JudgeClient.judge
@@ -304,13 +284,10 @@ def test_judging_a_comparison_twice_is_caught(monkeypatch: pytest.MonkeyPatch) -
         await judge(self, task, deadline=deadline)
         return await judge(self, task, deadline=deadline)
 
-    def mutate(patch: pytest.MonkeyPatch) -> None:
-        patch.setattr(JudgeClient, "judge", judge_twice)
-
-    assert_catches(monkeypatch, script, mutate, "I-6")
+    assert_catches(script, "I-6", (JudgeClient, "judge", judge_twice))
 
 
-def test_a_superseded_group_that_keeps_judging_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_superseded_group_that_keeps_judging_is_caught() -> None:
     script = Script()
     script.fault((0, 1), "hold", a=0)
     script.complete(a=0)
@@ -320,13 +297,10 @@ def test_a_superseded_group_that_keeps_judging_is_caught(monkeypatch: pytest.Mon
     def apply_without_cancelling(self: Engine, effects: list[Any]) -> None:
         apply(self, [e for e in effects if not isinstance(e, CancelGroup)])
 
-    def mutate(patch: pytest.MonkeyPatch) -> None:
-        patch.setattr(Engine, "_apply", apply_without_cancelling)
-
-    assert_catches(monkeypatch, script, mutate, "I-6")
+    assert_catches(script, "I-6", (Engine, "_apply", apply_without_cancelling))
 
 
-def test_a_replay_that_calls_the_judge_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_replay_that_calls_the_judge_is_caught() -> None:
     script = Script()
     script.complete()
     script.post(0)
@@ -343,33 +317,19 @@ def test_a_replay_that_calls_the_judge_is_caught(monkeypatch: pytest.MonkeyPatch
             await self.judge.judge(replayed_task(record))
         return outcome
 
-    def mutate(patch: pytest.MonkeyPatch) -> None:
-        patch.setattr(Engine, "verify", verify_and_rejudge)
-
-    assert_catches(monkeypatch, script, mutate, "I-6")
+    assert_catches(script, "I-6", (Engine, "verify", verify_and_rejudge))
 
 
 # ---- I-7: finite rewards, one per slot, mapped by slot -------------------------------------
 
 
-def test_rewards_given_to_the_wrong_slots_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rewards_given_to_the_wrong_slots_are_caught() -> None:
     script = Script()
     script.complete(qualities=[5, 1])
-    score_group = groups.score_group
-
-    def swapped(*args: Any, **kwargs: Any) -> Any:
-        score = score_group(*args, **kwargs)
-        slots = sorted(score.rewards)
-        values = [score.rewards[slot] for slot in reversed(slots)]
-        return score._replace(rewards=dict(zip(slots, values, strict=True)))
-
-    def mutate(patch: pytest.MonkeyPatch) -> None:
-        patch.setattr(groups, "score_group", swapped)
-
-    assert_catches(monkeypatch, script, mutate, "I-7")
+    assert_catches(script, "I-7", (groups, "score_group", swapped_rewards))
 
 
-def test_a_non_finite_published_reward_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_non_finite_published_reward_is_caught() -> None:
     script = Script()
     script.complete()
     score_group = groups.score_group
@@ -378,19 +338,18 @@ def test_a_non_finite_published_reward_is_caught(monkeypatch: pytest.MonkeyPatch
         score = score_group(*args, **kwargs)
         return score._replace(rewards={**score.rewards, 0: math.inf})
 
-    def mutate(patch: pytest.MonkeyPatch) -> None:
-        patch.setattr(groups, "score_group", infinite)
-        patch.setattr(GroupRegistry, "_check_publishable", lambda self, *args: None)
-
-    assert_catches(monkeypatch, script, mutate, "I-7")
+    assert_catches(
+        script,
+        "I-7",
+        (groups, "score_group", infinite),
+        (GroupRegistry, "_check_publishable", lambda self, *args: None),
+    )
 
 
 # ---- M-2: masks exactly the rollouts of failed comparisons -------------------------------------
 
 
-def test_masking_a_rollout_whose_comparisons_all_succeeded_is_caught(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_masking_a_rollout_whose_comparisons_all_succeeded_is_caught() -> None:
     # An unparseable but completed reply is a successful comparison (M-1): the defect counts
     # it as failed and masks rollouts that must be scored with the default verdict.
     script = Script(num_rollouts_per_prompt=4)
@@ -409,15 +368,10 @@ def test_masking_a_rollout_whose_comparisons_all_succeeded_is_caught(
         else:
             handle.verdicts[comparison.index] = result.verdict
 
-    def mutate(patch: pytest.MonkeyPatch) -> None:
-        patch.setattr(Engine, "_compare", compare_failing_fallbacks)
-
-    assert_catches(monkeypatch, script, mutate, "M-2")
+    assert_catches(script, "M-2", (Engine, "_compare", compare_failing_fallbacks))
 
 
-def test_masking_only_one_rollout_of_a_failed_pair_is_caught(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_masking_only_one_rollout_of_a_failed_pair_is_caught() -> None:
     script = Script(num_rollouts_per_prompt=4)
     script.fault((0, 1), "fatal")
     script.complete()
@@ -425,14 +379,7 @@ def test_masking_only_one_rollout_of_a_failed_pair_is_caught(
     def first_only(plan: Any, failed: Any, n: int) -> set[int]:
         return {c.first for c in plan if c.index in failed}
 
-    def mutate(patch: pytest.MonkeyPatch) -> None:
-        patch.setattr(groups, "masked_slots", first_only)
-
-    clean = play(script)
-    assert clean.ok, clean.summary()
-    with monkeypatch.context() as patch:
-        mutate(patch)
-        report = play(script)
+    report = play_with(script, (groups, "masked_slots", first_only))
     # Slot 1 cannot be scored without its failed comparison, so the group fails instead of
     # masking rollouts 0 and 1: the answers disagree with the model.
     first = report.violations[0]
@@ -444,7 +391,7 @@ def test_masking_only_one_rollout_of_a_failed_pair_is_caught(
 # ---- I-9: pruning cost bounded by what it removes ---------------------------------------------
 
 
-def test_pruning_that_scans_every_entry_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pruning_that_scans_every_entry_is_caught() -> None:
     script = Script(cohort_result_ttl_s=None, max_terminal_cohorts=8)
     for k in range(4):
         script.complete(g=f"g{k}")
@@ -461,10 +408,7 @@ def test_pruning_that_scans_every_entry_is_caught(monkeypatch: pytest.MonkeyPatc
                 on_remove(key, value)
         return visits
 
-    def mutate(patch: pytest.MonkeyPatch) -> None:
-        patch.setattr(AgedIndex, "prune", scanning_prune)
-
-    assert_catches(monkeypatch, script, mutate, "I-9")
+    assert_catches(script, "I-9", (AgedIndex, "prune", scanning_prune))
 
 
 # ---- the randomized run finds defects by itself, and shrinks them ----------------------------
@@ -473,15 +417,7 @@ def test_pruning_that_scans_every_entry_is_caught(monkeypatch: pytest.MonkeyPatc
 def test_random_seeds_find_a_defect_and_print_a_minimal_reproduction(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    score_group = groups.score_group
-
-    def swapped(*args: Any, **kwargs: Any) -> Any:
-        score = score_group(*args, **kwargs)
-        slots = sorted(score.rewards)
-        values = [score.rewards[slot] for slot in reversed(slots)]
-        return score._replace(rewards=dict(zip(slots, values, strict=True)))
-
-    monkeypatch.setattr(groups, "score_group", swapped)
+    monkeypatch.setattr(groups, "score_group", swapped_rewards)
     failing = None
     for seed in range(20):
         report = run_scenario(generate(seed))
