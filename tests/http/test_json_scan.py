@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from json_texts import json_values, object_text, separators
 
 from genrm_trio.http.json_scan import (
     MAX_NESTING,
@@ -175,46 +176,18 @@ def test_decode_value_accepts_what_python_clients_emit() -> None:
 
 # --- properties ---------------------------------------------------------------------------------
 
-json_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**90), max_value=2**90)
-    | st.floats(allow_nan=True, allow_infinity=True)
-    | st.text(max_size=8)
-)
-json_values = st.recursive(
-    json_scalars,
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4)
-    ),
-    max_leaves=12,
-)
-separators = st.sampled_from([(",", ":"), (", ", ": "), (" ,\n", " :\t")])
-
 
 @settings(max_examples=300, deadline=None)
 @given(
-    pairs=st.lists(st.tuples(st.text("abé", max_size=2), json_values), max_size=6),
+    pairs=st.lists(st.tuples(st.text("abé", max_size=2), json_values()), max_size=6),
     seps=separators,
     ensure_ascii=st.booleans(),
 )
 def test_every_span_is_the_text_of_its_value(
     pairs: list[tuple[str, Any]], seps: tuple[str, str], ensure_ascii: bool
 ) -> None:
-    item_sep, key_sep = seps
-    text = (
-        "{"
-        + item_sep.join(
-            json.dumps(k, ensure_ascii=ensure_ascii)
-            + key_sep
-            + json.dumps(v, ensure_ascii=ensure_ascii, separators=seps)
-            for k, v in pairs
-        )
-        + "}"
-    )
-    try:
-        data = text.encode("utf-8")
-    except UnicodeEncodeError:
+    data = object_text(pairs, seps, ensure_ascii)
+    if data is None:
         return  # lone surrogates written raw are not UTF-8; nothing to split
     members = split_object(data, decode={k for k, _ in pairs})
     assert [m.key for m in members] == [k for k, _ in pairs]
