@@ -118,25 +118,37 @@ def quality_verdict(
     response_1: str, response_2: str, *, position_bias: float = 0.0, tie_ranking: float = 3.5
 ) -> tuple[Number, Number, Number]:
     """``(score_1, score_2, ranking)`` for two answer texts (CL-13)."""
-    score_1 = min(max(quality(response_1) + position_bias, 1.0), 5.0)
-    score_2 = min(max(quality(response_2), 1.0), 5.0)
+    score_1, score_2, ranking = verdict_for_qualities(
+        quality(response_1),
+        quality(response_2),
+        position_bias=position_bias,
+        tie_ranking=tie_ranking,
+    )
+    return _plain(score_1), _plain(score_2), _plain(ranking)
+
+
+def verdict_for_qualities(
+    quality_1: float, quality_2: float, *, position_bias: float = 0.0, tie_ranking: float = 3.5
+) -> tuple[float, float, float]:
+    """``(score_1, score_2, ranking)`` for two answers of these qualities (CL-13)."""
+    score_1 = min(max(quality_1 + position_bias, 1.0), 5.0)
+    score_2 = min(max(quality_2, 1.0), 5.0)
     d = score_1 - score_2
-    ranking: float
     if d >= 2:
-        ranking = 1
+        ranking = 1.0
     elif d >= 1:
-        ranking = 2
+        ranking = 2.0
     elif d > 0:
-        ranking = 3
+        ranking = 3.0
     elif d == 0:
         ranking = tie_ranking
     elif d > -1:
-        ranking = 4
+        ranking = 4.0
     elif d > -2:
-        ranking = 5
+        ranking = 5.0
     else:
-        ranking = 6
-    return _plain(score_1), _plain(score_2), _plain(ranking)
+        ranking = 6.0
+    return score_1, score_2, ranking
 
 
 def pair_rule(i: int, j: int, action: str, **fields: Any) -> dict[str, Any]:

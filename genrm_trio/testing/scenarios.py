@@ -56,6 +56,7 @@ from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.testing import invariants
 from genrm_trio.testing.controlled_judge import ControlledJudge, group_marker
+from genrm_trio.testing.fake_judge import verdict_for_qualities
 from genrm_trio.testing.fixtures import GenRMServer, serve
 from genrm_trio.testing.harness import JUDGE_URL, SCENARIO_DEFAULTS, Reply
 from genrm_trio.testing.instrument import CriticalSectionInstrument
@@ -844,7 +845,8 @@ class _Model:
         attempt = len(comparison.outcomes)
         if outcome == "verdict":
             quality = {slot: m.quality for slot, m in record.members.items()}
-            comparison.verdict = _quality_verdict(
+            # The fake judge's rule, with no position bias and a tie ranking of 3.5.
+            comparison.verdict = verdict_for_qualities(
                 quality[comparison.first], quality[comparison.second]
             )
         elif outcome == "fatal":
@@ -1068,27 +1070,6 @@ def _digest(text: str) -> str:
         {"input": text, "principle": None}, sort_keys=True, separators=(",", ":")
     )
     return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _quality_verdict(quality_1: int, quality_2: int) -> _Verdict:
-    """The fake judge's verdict (CL-13) with no position bias and a tie ranking of 3.5."""
-    first, second = float(min(max(quality_1, 1), 5)), float(min(max(quality_2, 1), 5))
-    d = first - second
-    if d >= 2:
-        ranking = 1.0
-    elif d >= 1:
-        ranking = 2.0
-    elif d > 0:
-        ranking = 3.0
-    elif d == 0:
-        ranking = 3.5
-    elif d > -1:
-        ranking = 4.0
-    elif d > -2:
-        ranking = 5.0
-    else:
-        ranking = 6.0
-    return first, second, ranking
 
 
 # ---- drivers: how a run reaches the server ------------------------------------------------------
