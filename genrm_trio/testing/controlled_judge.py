@@ -24,6 +24,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import product
 from typing import Any, Literal
 
@@ -31,7 +32,7 @@ import httpx
 import trio
 
 from genrm_trio.testing.fake_judge import FakeJudge
-from genrm_trio.testing.fake_judge_http import FakeJudgeTransport
+from genrm_trio.testing.fake_judge_http import FakeJudgeTransport, observe_until
 
 __all__ = ["CallState", "Control", "ControlledJudge", "JudgeCall", "group_marker"]
 
@@ -324,17 +325,10 @@ class ControlledJudge(FakeJudge):
         state: CallState | None = None,
     ) -> list[JudgeCall]:
         """Wait until at least `count` matching calls exist (in `state`, if given)."""
-        while True:
-            found = self.matching(group=group, attempt=attempt, pair=pair, match=match, state=state)
-            if len(found) >= count:
-                await trio.lowlevel.checkpoint()
-                return found
-            changed = trio.Event()
-            remove = self.add_observer(changed.set)
-            try:
-                await changed.wait()
-            finally:
-                remove()
+        probe = partial(
+            self.matching, group=group, attempt=attempt, pair=pair, match=match, state=state
+        )
+        return await observe_until(self, probe, lambda found: len(found) >= count)
 
     def stats(self) -> dict[str, Any]:
         """FakeJudge's statistics over every call, held ones included, plus ``held``."""

@@ -32,13 +32,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import h11
 import httpx
 import trio
 
 from genrm_trio.testing.fake_judge import FakeJudge, FakeReply
+
+T = TypeVar("T")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -68,11 +70,17 @@ async def wait_for_stats(
     For tests that must see the judge react to a caller, e.g. a cancelled call over TCP:
     ``await wait_for_stats(judge, lambda s: s["in_flight"] == 0)``. Bound it with a cancel scope.
     """
+    return await observe_until(judge, judge.stats, condition)
+
+
+async def observe_until(judge: FakeJudge, probe: Callable[[], T], done: Callable[[T], bool]) -> T:
+    """The first ``probe()`` for which ``done`` holds, probing again whenever ``judge`` reports
+    a change (a call starting or ending, a reset)."""
     while True:
-        stats = judge.stats()
-        if condition(stats):
+        value = probe()
+        if done(value):
             await trio.lowlevel.checkpoint()
-            return stats
+            return value
         changed = trio.Event()
         remove = judge.add_observer(changed.set)
         try:
@@ -445,6 +453,7 @@ __all__ = [
     "FakeJudgeApp",
     "FakeJudgeTransport",
     "fake_judge_app",
+    "observe_until",
     "serve_fake_judge",
     "wait_for_stats",
 ]
