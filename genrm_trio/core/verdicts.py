@@ -5,11 +5,12 @@ Works in near-linear time on any text, however hostile, and never raises.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterator
 from typing import Any, NamedTuple
+
+from genrm_trio.core.standard_json import loads_standard
 
 __all__ = ["Verdict", "mapped_back", "parse_verdict"]
 
@@ -161,14 +162,10 @@ _VERDICT_KEYS = ("score_1", "score_2", "ranking")
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-standard JSON literal {name}")
-
-
 def _verdict_of(candidate: str, default_score: float, default_ranking: float) -> Verdict | None:
     """The verdict of one candidate span if it is valid (S-22), else None."""
     try:
-        decoded = json.loads(candidate, parse_constant=_reject_constant)
+        decoded = loads_standard(candidate)
     except (ValueError, RecursionError):
         return None
     if not isinstance(decoded, dict):

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
 from genrm_trio.config import JudgeApi
+from genrm_trio.core.standard_json import loads_standard
 from genrm_trio.core.verdicts import Verdict, parse_verdict
 
 NOT_AN_OBJECT = "not a JSON object"
@@ -37,18 +37,6 @@ class ReplyReading:
     exhausted: bool  # J-13 / J-15: the output budget ran out before a verdict
 
 
-def _reject_constant(name: str) -> Any:
-    raise ReplyNotJson(f"non-standard literal {name}")
-
-
-def _parse_int(digits: str) -> int | float:
-    # Python refuses to build ints of more than 4300 digits; the value is valid JSON all the same.
-    try:
-        return int(digits)
-    except ValueError:
-        return float(digits)
-
-
 def decode_reply(body: bytes) -> object:
     """J-10: the body as standard JSON whatever its Content-Type, or ReplyNotJson.
 
@@ -58,9 +46,7 @@ def decode_reply(body: bytes) -> object:
         text = body.decode("utf-8")
         if text.startswith("\ufeff"):
             text = text[1:]
-        return json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int)
-    except ReplyNotJson:
-        raise
+        return loads_standard(text)
     except (ValueError, RecursionError) as exc:
         raise ReplyNotJson(str(exc)) from None
 

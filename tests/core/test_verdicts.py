@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -94,6 +96,24 @@ def test_non_finite_numbers_invalidate_the_candidate(literal: str) -> None:
 
 def test_huge_integers_are_not_finite_scores() -> None:
     assert parse('{"score_1": ' + "9" * 400 + "}") is None
+
+
+@pytest.fixture
+def default_digit_cap() -> Iterator[None]:
+    """Python's own 4,300-digit cap, whatever an earlier test did to the interpreter."""
+    earlier = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(4300)
+    try:
+        yield
+    finally:
+        sys.set_int_max_str_digits(earlier)
+
+
+@pytest.mark.usefixtures("default_digit_cap")
+def test_an_integer_beyond_the_digit_cap_under_another_key_is_standard_json() -> None:
+    text = '{"note": ' + "9" * 5000 + ', "score_1": 4, "score_2": 2, "ranking": 1}'
+    assert parse(text) == (4, 2, 1)
+    assert parse('{"score_1": ' + "9" * 5000 + ', "score_2": 2, "ranking": 1}') is None
 
 
 def test_as75_braces_inside_strings_do_not_count() -> None:

@@ -83,8 +83,14 @@ def test_bodies_that_are_not_standard_json_are_rejected(body: bytes) -> None:
 def test_json_is_read_whatever_it_holds() -> None:
     assert decode_reply(b"null") is None
     assert decode_reply(b'\xef\xbb\xbf{"a": 1}') == {"a": 1}
-    # The server lifts Python's digit cap (create_app); a huge integer is then read exactly.
     limit = sys.get_int_max_str_digits()
+    # Under Python's own digit cap a huge integer is still JSON, read as a float.
+    sys.set_int_max_str_digits(4300)
+    try:
+        assert decode_reply(b'{"n": ' + b"1" * 5000 + b"}") == {"n": float("1" * 5000)}
+    finally:
+        sys.set_int_max_str_digits(limit)
+    # With the cap lifted (as `serve` does) it is read exactly.
     sys.set_int_max_str_digits(0)
     try:
         assert decode_reply(b"1" * 5000) == int("1" * 5000)
