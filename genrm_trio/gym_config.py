@@ -22,7 +22,9 @@ from genrm_trio.config import Config, ConfigError, _read_file, load_config
 RESOURCES_SERVERS = "resources_servers"
 MODEL_SERVERS = "responses_api_models"
 MODEL_SERVER_REF = "genrm_model_server"
-SERVER_KINDS = frozenset({RESOURCES_SERVERS, MODEL_SERVERS, "responses_api_agents"})
+SERVER_KINDS = frozenset(
+    {RESOURCES_SERVERS, MODEL_SERVERS, "responses_api_agents", "environment_servers"}
+)
 # Read by Gym's runner, head server or environment catalogue, never by the reward server.
 GYM_RUNNER_KEYS = frozenset(
     {

@@ -14,6 +14,7 @@ from genrm_trio.gym_config import config_from_gym, load_serve_config, translate
 
 DATA = Path(__file__).parent / "data"
 GYM_SHIPPED = DATA / "gym_genrm_compare.yaml"
+GYM_RELEASED = DATA / "gym_0.7.0_genrm_compare.yaml"
 OURS = Path(__file__).parent.parent / "resources_servers" / "genrm_trio" / "configs"
 JUDGE = ["judge_base_url=http://judge:8000/v1", "judge_model=genrm"]
 
@@ -54,6 +55,21 @@ def test_gyms_shipped_config_loads_unchanged_with_the_judge_set() -> None:
         "judge_model are set); other servers of the run left to Gym: genrm_model, "
         "genrm_simple_agent, genrm_simple_agent_reasoning_off"
     ]
+
+
+def test_the_config_of_gyms_0_7_0_release_loads_unchanged_with_the_judge_set() -> None:
+    with pytest.raises(ConfigError, match=r"^invalid configuration: genrm_model_server: names"):
+        load_serve_config(GYM_RELEASED)
+    config, notes = load_serve_config(GYM_RELEASED, JUDGE)
+    # The release adds the deadlines and retention keys, under the same names as genrm-trio's.
+    assert config.cohort_collection_timeout_s == config.cohort_evaluation_timeout_s == 1800.0
+    assert (config.judge_request_timeout_s, config.cohort_result_ttl_s) == (1800.0, 21600.0)
+    assert config.max_terminal_cohorts == 4096 and config.num_rollouts_per_prompt == 16
+    assert notes[0].endswith(
+        "other servers of the run left to Gym: genrm_model, genrm_simple_agent, "
+        "genrm_simple_agent_reasoning_off, genrm_environment_server, "
+        "genrm_simple_agent_reasoning_off_environment_server"
+    )
 
 
 def test_a_model_server_with_an_address_becomes_the_judge() -> None:
