@@ -272,9 +272,9 @@ class GroupRegistry:
         self.idle_order: AgedIndex[str, None] = AgedIndex()
         self.active: dict[int, Record] = {}
         self.prune_visits = 0
-        # Legacy keys whose group completed, with when: a completed legacy record leaves nothing
-        # behind (C-91), so only this tells a row resent under such a key, whose group will not
-        # complete unless every member comes again, from the first row of a new run.
+        # Legacy keys whose group completed, with when. A completed legacy record leaves nothing
+        # behind (C-91); remembering its key lets the row that opens a group under it again be
+        # flagged at once, since that group completes only if every member comes again.
         self.completed_legacy: AgedIndex[str, None] = AgedIndex()
         self.legacy_resends_collecting = 0
 
