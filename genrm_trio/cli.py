@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import trio
 
 from genrm_trio import __version__
-from genrm_trio.config import Config, ConfigError, load_config
+from genrm_trio.config import Config, ConfigError
+from genrm_trio.gym_config import load_serve_config
 from genrm_trio.logs import configure_logging, startup_lines
 from genrm_trio.testing import fake_judge_cli
 
@@ -34,7 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="serve /verify and /compare")
-    serve.add_argument("--config", help="YAML configuration file")
+    serve.add_argument(
+        "--config", help="YAML configuration file, or a NeMo Gym resources-server config file"
+    )
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument(
@@ -81,12 +84,19 @@ def _serve_command(args: argparse.Namespace) -> int:
     if args.log_level:
         sets.append(f"log_level={args.log_level}")
     try:
-        config = load_config(args.config, sets, host=args.host, port=args.port)
+        config, notes = load_serve_config(args.config, sets, host=args.host, port=args.port)
     except ConfigError as exc:
         for line in exc.lines:
             print(line, file=sys.stderr)
         return 2
+    return run_serve(config, notes)
+
+
+def run_serve(config: Config, notes: Sequence[str] = ()) -> int:
+    """Log the startup lines (``notes`` first) and serve until a signal; the exit status."""
     configure_logging(config.log_level)
+    for note in notes:
+        log.info(note)
     for line in startup_lines(config):
         log.info(line)
     failure: BaseException | None = None

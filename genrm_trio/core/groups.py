@@ -213,6 +213,8 @@ class Record:
     failure: Failure | None = None
     terminal_time: float | None = None
     handle: Any = None  # the runtime's per-group task handle; opaque here
+    # Opened by a row whose legacy key had already completed, and still collecting (§5.14).
+    legacy_resend: bool = False
 
     @property
     def legacy(self) -> bool:
@@ -270,6 +272,11 @@ class GroupRegistry:
         self.idle_order: AgedIndex[str, None] = AgedIndex()
         self.active: dict[int, Record] = {}
         self.prune_visits = 0
+        # Legacy keys whose group completed, with when. A completed legacy record leaves nothing
+        # behind (C-91); remembering its key lets the row that opens a group under it again be
+        # flagged at once, since that group completes only if every member comes again.
+        self.completed_legacy: AgedIndex[str, None] = AgedIndex()
+        self.legacy_resends_collecting = 0
 
     # ---- arrival (C-40..C-44) ---------------------------------------------------------------
 
@@ -312,6 +319,20 @@ class GroupRegistry:
             record = self._new_record(key, None, arrival.attempt, arrival.digest, now)
             record.legacy_key = key
             self.legacy[key] = record
+            completed_at = self.completed_legacy.stamped(key)
+            if completed_at is not None:
+                record.legacy_resend = True
+                self.legacy_resends_collecting += 1
+                self._log(
+                    30,
+                    messages.legacy_resend(
+                        key,
+                        arrival.slot,
+                        self.size,
+                        now - completed_at,
+                        self.config.cohort_collection_timeout_s,
+                    ),
+                )
         return record
 
     def _resolve_explicit(
@@ -432,6 +453,7 @@ class GroupRegistry:
             effects.append(StartComparisons(record, fresh))
 
     def _begin_evaluation(self, record: Record, effects: list[Effect]) -> None:
+        self._settle_legacy_resend(record)
         record.phase = Phase.EVALUATING
         self._dispatch(record, record.plan, effects)
         effects.append(BeginEvaluation(record))
@@ -584,6 +606,7 @@ class GroupRegistry:
     ) -> None:
         if not record.phase.active:
             return
+        self._settle_legacy_resend(record)
         record.phase = Phase.FAILED
         record.failure = Failure(kind, text)
         outcome = self.failure_outcome(record)
@@ -602,6 +625,12 @@ class GroupRegistry:
         )
         self._become_terminal(record, now)
 
+    def _settle_legacy_resend(self, record: Record) -> None:
+        """A resent legacy group stops counting once it leaves ``collecting``."""
+        if record.legacy_resend:
+            record.legacy_resend = False
+            self.legacy_resends_collecting -= 1
+
     @staticmethod
     def _drop_working_state(record: Record) -> None:
         """C-34: a finished record keeps fingerprints, outcomes and its failure, nothing else."""
@@ -618,6 +647,7 @@ class GroupRegistry:
             # A completed legacy group retires at once and leaves nothing behind (C-91).
             if self.legacy.get(record.legacy_key or "") is record:
                 del self.legacy[record.legacy_key or ""]
+            self.completed_legacy.stamp(record.legacy_key or record.key, None, now)
             return
         self.terminal_index.stamp(id(record), record, now)
         if record.group_id is not None:
@@ -657,6 +687,9 @@ class GroupRegistry:
         cap = self.config.max_terminal_cohorts
         self.prune_visits += self.terminal_index.prune(now, ttl, cap, self._drop_record)
         self.prune_visits += self.idle_order.prune(now, ttl, cap, self._drop_watermark)
+        # Kept as long as a result would be, and pruned from the head the same way (R-4); it is
+        # no retention index of R-3, so its visits stay out of prune_visits.
+        self.completed_legacy.prune(now, ttl, cap, lambda key, _: None)
 
     def _drop_record(self, _: int, record: Record) -> None:
         if record.group_id is not None:
@@ -687,6 +720,8 @@ class GroupRegistry:
             self.terminal_index.clear()
             self.idle_order.clear()
             self.active.clear()
+            self.completed_legacy.clear()
+            self.legacy_resends_collecting = 0
 
     # ---- verification hooks (I-21, I-22) -----------------------------------------------------
 
@@ -754,5 +789,11 @@ class GroupRegistry:
                     all(m.outcome is None for m in record.members.values()),
                     "failed record has rewards",
                 )
+        resends = [r for r in self.active.values() if r.legacy_resend]
+        require(
+            all(r.legacy and r.phase is Phase.COLLECTING for r in resends)
+            and len(resends) == self.legacy_resends_collecting,
+            "resent legacy groups miscounted",
+        )
         if self.closed:
             require(not self.active, "active groups after shutdown")

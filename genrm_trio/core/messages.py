@@ -92,6 +92,17 @@ def rollout_masked(slot: int, failed: int, total: int, judge_error: str) -> str:
     )
 
 
+def legacy_resend(key: str, slot: int, size: int, ago: float, timeout: float) -> str:
+    return (
+        f"GenRM legacy group '{log_key(key)}' completed {format_seconds(round(ago, 3))}s ago;"
+        f" rollout_index={slot} starts a new group under the same key, which completes only if"
+        f" all {size} members are sent again, and otherwise fails after"
+        f" {format_seconds(timeout)}s (cohort_collection_timeout_s). A legacy group has no"
+        " replay: to retry some rollouts of a finished group, send the whole group again under a"
+        " fresh _ng_group_id shared by every member."
+    )
+
+
 def reward_count(count: int, size: int) -> str:
     return f"GenRM returned {count} rewards for {size} cohort members"
 

@@ -33,6 +33,11 @@ class AgedIndex(Generic[K, V]):
         self._entries[key] = (now, value)
         self._entries.move_to_end(key)
 
+    def stamped(self, key: K) -> float | None:
+        """When the entry was last stamped, or None if it is not there."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry[0]
+
     def discard(self, key: K) -> None:
         self._entries.pop(key, None)
 

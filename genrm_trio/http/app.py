@@ -27,6 +27,7 @@ from genrm_trio import __version__
 from genrm_trio.config import Config, config_from_mapping, config_warnings
 from genrm_trio.core import messages
 from genrm_trio.core.groups import Masked, Outcome, Scored
+from genrm_trio.http.gym_endpoints import register_gym_routes
 from genrm_trio.http.openapi import openapi_json
 from genrm_trio.http.wire import (
     BadRequest,
@@ -255,6 +256,8 @@ def create_app(
             return _reply(500, error_body(detail))
         payload = render_compare_reply(result.rewards, result.comparison_results, result.metrics)
         return _reply(200, payload)
+
+    register_gym_routes(app, read_body)
 
     @app.get("/healthz")
     async def healthz() -> Response:

@@ -8,6 +8,12 @@ from typing import Any
 
 import msgspec
 
+from genrm_trio.http.gym_endpoints import (
+    AggregateMetricsReply,
+    AggregateMetricsRequestDoc,
+    SeedSessionReply,
+    SeedSessionRequestDoc,
+)
 from genrm_trio.http.wire import (
     CompareReply,
     CompareRequestDoc,
@@ -43,10 +49,17 @@ def _build(version: str) -> dict[str, Any]:
             CompareReply,
             Healthz,
             ErrorReply,
+            SeedSessionRequestDoc,
+            SeedSessionReply,
+            AggregateMetricsRequestDoc,
+            AggregateMetricsReply,
         ],
         ref_template="#/components/schemas/{name}",
     )
-    verify_request, verify_row, masked_row, compare_request, compare_reply, healthz, error = refs
+    verify_request, verify_row, masked_row, compare_request, compare_reply, healthz, error = refs[
+        :7
+    ]
+    seed_request, seed_reply, aggregate_request, aggregate_reply = refs[7:]
 
     def reply(description: str, schema: dict[str, Any]) -> dict[str, Any]:
         return {"description": description, "content": {_JSON: {"schema": schema}}}
@@ -117,6 +130,36 @@ def _build(version: str) -> dict[str, Any]:
             },
         }
     }
+    seed_session = {
+        "post": {
+            "operationId": "seed_session",
+            "summary": "NeMo Gym's per-rollout session seed; keeps no state",
+            "requestBody": {"required": True, "content": {_JSON: {"schema": seed_request}}},
+            "responses": {
+                "200": reply("Always an empty object.", seed_reply),
+                "400": bad_json,
+                "413": too_large,
+            },
+        }
+    }
+    aggregate = {
+        "post": {
+            "operationId": "aggregate_metrics",
+            "summary": "Run metrics over finished rows, in NeMo Gym's AggregateMetrics shape",
+            "description": (
+                "Reward statistics cover scored rows only; masked and failed rows count in "
+                "mask_rate and failures/<class>. group_level_metrics has one entry per "
+                "_ng_task_index."
+            ),
+            "requestBody": {"required": True, "content": {_JSON: {"schema": aggregate_request}}},
+            "responses": {
+                "200": reply("The metrics, overall and per task.", aggregate_reply),
+                "400": bad_json,
+                "413": too_large,
+                "422": invalid,
+            },
+        }
+    }
     health = {
         "get": {
             "operationId": "healthz",
@@ -147,6 +190,8 @@ def _build(version: str) -> dict[str, Any]:
         "paths": {
             "/verify": verify,
             "/compare": compare,
+            "/seed_session": seed_session,
+            "/aggregate_metrics": aggregate,
             "/healthz": health,
             "/openapi.json": openapi,
         },

@@ -537,7 +537,7 @@ def render_compare_reply(
 
 
 def render_healthz(status: str, counts: Mapping[str, int]) -> bytes:
-    """W-50: the status and the four state counts."""
+    """W-50: the status, the four state counts and the count of resent legacy groups."""
     if status not in ("ok", "shutting_down"):
         raise ValueError(f"unknown health status {status!r}")
     return _ENCODER.encode(
@@ -547,6 +547,7 @@ def render_healthz(status: str, counts: Mapping[str, int]) -> bytes:
             retained_records=counts["retained_records"],
             watermarks=counts["watermarks"],
             judge_in_flight=counts["judge_in_flight"],
+            legacy_resends_collecting=counts.get("legacy_resends_collecting", 0),
         )
     )
 
@@ -740,6 +741,16 @@ class Healthz(msgspec.Struct, frozen=True, kw_only=True):
     retained_records: int
     watermarks: int
     judge_in_flight: int
+    legacy_resends_collecting: Annotated[
+        int,
+        Meta(
+            description=(
+                "Legacy groups (no _ng_group_id) opened by a row resent under a key whose group "
+                "had already completed, still collecting: each completes only if every member "
+                "is sent again, else fails at its collection deadline."
+            )
+        ),
+    ] = 0
 
 
 class ErrorReply(msgspec.Struct, frozen=True, kw_only=True):

@@ -402,6 +402,7 @@ class Engine:
             "retained_records": stats.retained_records,
             "watermarks": stats.watermarks,
             "judge_in_flight": stats.judge_in_flight,
+            "legacy_resends_collecting": self.registry.legacy_resends_collecting,
         }
 
 

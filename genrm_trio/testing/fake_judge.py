@@ -482,29 +482,44 @@ def _responses_reply(
     with_message: bool = True,
     incomplete_reason: str | None = None,
 ) -> dict[str, Any]:
+    # Every field a Responses-API client requires is present (ids, annotations, tool settings,
+    # token details), so that clients that validate replies, such as NeMo Gym's model servers,
+    # accept them.
     output: list[dict[str, Any]] = [
-        {"type": "reasoning", "summary": [{"type": "summary_text", "text": REASONING}]}
+        {
+            "id": f"rs-fake-{number}",
+            "type": "reasoning",
+            "summary": [{"type": "summary_text", "text": REASONING}],
+        }
     ]
     if with_message:
         output.append(
             {
+                "id": f"msg-fake-{number}",
                 "type": "message",
                 "role": "assistant",
                 "status": "completed",
-                "content": [{"type": "output_text", "text": text}],
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
             }
         )
+    reasoning = _tokens(REASONING)
     completion = _tokens(REASONING + (text or ""))
     prompt = _tokens("x" * call.prompt_chars)
     reply: dict[str, Any] = {
         "id": f"resp-fake-{number}",
         "object": "response",
+        "created_at": _CREATED,
         "status": status,
         "model": call.model,
         "output": output,
+        "parallel_tool_calls": False,
+        "tool_choice": "auto",
+        "tools": [],
         "usage": {
             "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": 0},
             "output_tokens": completion,
+            "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": prompt + completion,
         },
     }

@@ -367,6 +367,7 @@ def health(active: int, retained: int, watermarks: int, in_flight: int = 0) -> d
         "retained_records": retained,
         "watermarks": watermarks,
         "judge_in_flight": in_flight,
+        "legacy_resends_collecting": 0,
     }
 
 

@@ -66,6 +66,7 @@ async def assert_no_state(server: Server) -> None:
         "retained_records": 0,
         "watermarks": 0,
         "judge_in_flight": 0,
+        "legacy_resends_collecting": 0,
     }
 
 

@@ -360,3 +360,88 @@ def test_detach_removes_only_the_cancelled_waiter() -> None:
     registry.detach(one.reply.record, 0, one.reply.waiter)
     assert registry.statistics().waiters == 1
     assert two.reply.record.members[0].waiters == [two.reply.waiter]
+
+
+# ---- §5.14: a row resent under a legacy key whose group already completed ----------------------
+
+
+def logging_registry(**overrides: Any) -> tuple[GroupRegistry, list[tuple[int, str]]]:
+    lines: list[tuple[int, str]] = []
+    values: dict[str, Any] = {
+        "judge_base_url": "http://judge/v1",
+        "judge_model": "m",
+        "num_rollouts_per_prompt": 4,
+        "cohort_result_ttl_s": 10.0,
+        "cohort_collection_timeout_s": 1800.0,
+    }
+    values.update(overrides)
+    return GroupRegistry(
+        Config(**values), log=lambda level, text: lines.append((level, text))
+    ), lines
+
+
+def resend_lines(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    return [(level, text) for level, text in lines if text.startswith("GenRM legacy group")]
+
+
+def test_a_row_resent_after_its_legacy_group_completed_is_logged_at_arrival() -> None:
+    registry, lines = logging_registry()
+    complete(registry, g=None, now=100.0)
+    assert registry.legacy_resends_collecting == 0
+    resent = registry.arrive(arrival(2, g=None), 103.5, Wakes())
+    assert isinstance(resent.reply, Wait)
+    assert registry.legacy_resends_collecting == 1
+    key = "d::group_attempt::0"
+    assert resend_lines(lines) == [
+        (
+            30,
+            f"GenRM legacy group '{key}' completed 3.5s ago; rollout_index=2 starts a new group "
+            "under the same key, which completes only if all 4 members are sent again, and "
+            "otherwise fails after 1800.0s (cohort_collection_timeout_s). A legacy group has no "
+            "replay: to retry some rollouts of a finished group, send the whole group again "
+            "under a fresh _ng_group_id shared by every member.",
+        )
+    ]
+    # Its other members resent one at a time join the same group: one line, one count.
+    registry.arrive(arrival(0, g=None), 104.0, Wakes())
+    assert registry.legacy_resends_collecting == 1 and len(resend_lines(lines)) == 1
+    registry.check_invariants()
+    registry.collection_expired(resent.reply.record, 1903.5)
+    assert registry.legacy_resends_collecting == 0
+    outcome = resent.reply.waiter.outcome
+    assert isinstance(outcome, Rejected) and outcome.status == 503
+    registry.check_invariants()
+
+
+def test_a_whole_group_sent_again_is_judged_and_stops_counting() -> None:
+    # C-91 is unchanged: a later run of the same task on a live server gets judged.
+    registry, lines = logging_registry(num_rollouts_per_prompt=2)
+    complete(registry, g=None, now=0.0)
+    outcomes = complete(registry, g=None, now=5.0)
+    assert [type(o) for o in outcomes] == [Scored, Scored]
+    assert registry.legacy_resends_collecting == 0 and len(resend_lines(lines)) == 1
+    registry.check_invariants()
+
+
+def test_rows_of_new_groups_and_of_expired_keys_are_not_flagged() -> None:
+    registry, lines = logging_registry(num_rollouts_per_prompt=2)
+    complete(registry, g=None, now=0.0)
+    registry.arrive(arrival(0, g=None, digest="other prompt"), 1.0, Wakes())
+    registry.arrive(arrival(0, g="explicit"), 1.0, Wakes())
+    assert registry.legacy_resends_collecting == 0
+    # Remembered as long as a result would be retained (cohort_result_ttl_s, 10 s here).
+    registry.arrive(arrival(1, g=None), 10.5, Wakes())
+    assert registry.legacy_resends_collecting == 0 and resend_lines(lines) == []
+    registry.check_invariants()
+
+
+def test_shutdown_and_clear_leave_no_resend_counted() -> None:
+    registry, _ = logging_registry()
+    complete(registry, g=None, now=0.0)
+    registry.arrive(arrival(1, g=None), 1.0, Wakes())
+    assert registry.legacy_resends_collecting == 1
+    registry.shut_down(2.0)
+    assert registry.legacy_resends_collecting == 0
+    registry.check_invariants()
+    registry.clear()
+    assert len(registry.completed_legacy) == 0

@@ -31,10 +31,29 @@ def test_every_route_and_status_code_is_documented() -> None:
     assert document["openapi"] == "3.1.0"
     assert document["info"]["version"] == "1.2.3"
     paths = document["paths"]
-    assert set(paths) == {"/verify", "/compare", "/healthz", "/openapi.json"}
+    assert set(paths) == {
+        "/verify",
+        "/compare",
+        "/seed_session",
+        "/aggregate_metrics",
+        "/healthz",
+        "/openapi.json",
+    }
     assert set(paths["/verify"]["post"]["responses"]) == {"200", "400", "409", "413", "422", "503"}
     assert {"200", "400", "413", "422", "503"} <= set(paths["/compare"]["post"]["responses"])
     assert set(paths["/healthz"]["get"]["responses"]) == {"200", "503"}
+    assert set(paths["/seed_session"]["post"]["responses"]) == {"200", "400", "413"}
+    assert set(paths["/aggregate_metrics"]["post"]["responses"]) == {"200", "400", "413", "422"}
+
+
+def test_gym_routes_document_gyms_shapes() -> None:
+    document = openapi_document("1")
+    operation = document["paths"]["/aggregate_metrics"]["post"]
+    content = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert schema(document, content["$ref"])["required"] == ["verify_responses"]
+    reply = operation["responses"]["200"]["content"]["application/json"]["schema"]
+    properties = schema(document, reply["$ref"])["properties"]
+    assert set(properties) == {"group_level_metrics", "agent_metrics", "key_metrics"}
 
 
 def test_every_reference_resolves() -> None:

@@ -327,10 +327,17 @@ def test_error_bodies_are_a_single_detail_string() -> None:
     assert json.loads(error_body("GenRM group '\ud800'")) == {"detail": "GenRM group '\ud800'"}
 
 
-def test_healthz_reports_status_and_the_four_counts() -> None:
-    counts = {"judge_in_flight": 4, "watermarks": 3, "retained_records": 2, "active_groups": 1}
+def test_healthz_reports_status_and_the_counts() -> None:
+    counts = {
+        "judge_in_flight": 4,
+        "watermarks": 3,
+        "retained_records": 2,
+        "active_groups": 1,
+        "legacy_resends_collecting": 5,
+    }
     assert render_healthz("ok", counts) == (
-        b'{"status":"ok","active_groups":1,"retained_records":2,"watermarks":3,"judge_in_flight":4}'
+        b'{"status":"ok","active_groups":1,"retained_records":2,"watermarks":3,"judge_in_flight":4,'
+        b'"legacy_resends_collecting":5}'
     )
     shutting = msgspec.json.decode(render_healthz("shutting_down", counts), type=Healthz)
     assert shutting.status == "shutting_down"

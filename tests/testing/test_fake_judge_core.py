@@ -130,14 +130,29 @@ def test_chat_reply_shape() -> None:
 def test_responses_reply_shape() -> None:
     reply = call(FakeJudge(), responses_body("[[q=3]]", "[[q=3]]"), api="responses")
     body = reply_json(reply)
-    assert set(body) == {"id", "object", "status", "model", "output", "usage"}
+    # Every field the Responses API requires, so that validating clients accept the reply.
+    assert set(body) == {
+        "id",
+        "object",
+        "created_at",
+        "status",
+        "model",
+        "output",
+        "parallel_tool_calls",
+        "tool_choice",
+        "tools",
+        "usage",
+    }
     assert (body["object"], body["status"], body["model"]) == ("response", "completed", "genrm")
+    assert (body["parallel_tool_calls"], body["tool_choice"], body["tools"]) == (False, "auto", [])
     assert body["output"] == [
         {
+            "id": "rs-fake-0",
             "type": "reasoning",
             "summary": [{"type": "summary_text", "text": "comparing the two responses"}],
         },
         {
+            "id": "msg-fake-0",
             "type": "message",
             "role": "assistant",
             "status": "completed",
@@ -145,10 +160,18 @@ def test_responses_reply_shape() -> None:
                 {
                     "type": "output_text",
                     "text": '```json\n{"score_1": 3, "score_2": 3, "ranking": 3.5}\n```',
+                    "annotations": [],
                 }
             ],
         },
     ]
+    assert set(body["usage"]) == {
+        "input_tokens",
+        "input_tokens_details",
+        "output_tokens",
+        "output_tokens_details",
+        "total_tokens",
+    }
 
 
 def test_reasoning_never_contains_braces() -> None:

@@ -137,7 +137,7 @@ async def test_null_content_action(judge: FakeJudge, client: httpx.AsyncClient) 
     judge.set_rules([{"action": "null_content"}])
     assert chat_content((await chat(client)).json()) is None
     message = (await responses(client)).json()["output"][1]
-    assert message["content"] == [{"type": "output_text", "text": None}]
+    assert message["content"] == [{"type": "output_text", "text": None, "annotations": []}]
 
 
 @pytest.mark.parametrize("value", ["content_filter", "failed", "cancelled", "in_progress"])
