@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import abc
 import os
+import socket
+import ssl
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -127,7 +129,11 @@ def describe(exc: BaseException) -> str:
             if linked is not None:
                 pending.append(linked)
     for current in chain:
-        if isinstance(current, OSError) and isinstance(current.errno, int):
+        if isinstance(current, socket.gaierror) and current.strerror:
+            return str(current.strerror)  # name resolution: its own codes, its own texts
+        if isinstance(current, ssl.SSLError):
+            continue  # an SSL error code is not an errno; its message says more
+        if isinstance(current, OSError) and isinstance(current.errno, int) and current.errno > 0:
             return os.strerror(current.errno)
     for current in chain:
         if text := str(current):

@@ -12,10 +12,13 @@ network transport with a scripted TCP server at the end of this file.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import math
+import os
 import socket
+import ssl
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -40,6 +43,7 @@ from genrm_trio.judge.transport import (
     ReplyDecodingFailed,
     RequestInvalid,
     closed_in_body,
+    describe,
 )
 from genrm_trio.testing.controlled_judge import ControlledJudge
 from genrm_trio.testing.fake_judge import ACTIONS, FakeJudge, FakeReply, parse_latency
@@ -731,3 +735,46 @@ async def test_memory_transport_records_what_the_network_would_send() -> None:
         PATH,
         {"host": "judge:8000", "content-length": str(len(BODY))},
     )
+
+
+# --------------------------------------------------------------------------------------------
+# How backend failures are worded (judge/transport.py's describe)
+
+
+def _caused(outer: BaseException, inner: BaseException) -> BaseException:
+    outer.__cause__ = inner
+    return outer
+
+
+REFUSED = os.strerror(errno.ECONNREFUSED)
+
+
+@pytest.mark.parametrize(
+    ("failure", "words"),
+    [
+        (ConnectionRefusedError(errno.ECONNREFUSED, "Error connecting to 127.0.0.1:9"), REFUSED),
+        (
+            _caused(
+                OSError("all attempts to connect to 127.0.0.1:9 failed"),
+                ExceptionGroup("attempts", [ConnectionRefusedError(errno.ECONNREFUSED, "x")]),
+            ),
+            REFUSED,
+        ),
+        (
+            _caused(trio.BrokenResourceError(), ConnectionResetError(errno.ECONNRESET, "x")),
+            os.strerror(errno.ECONNRESET),
+        ),
+        (
+            socket.gaierror(socket.EAI_NONAME, "Name or service not known"),
+            "Name or service not known",
+        ),
+        (
+            _caused(trio.BrokenResourceError(), ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] v")),
+            "SSLError: [SSL: WRONG_VERSION_NUMBER] v",
+        ),
+        (trio.BrokenResourceError("stream closed"), "stream closed"),
+        (trio.BrokenResourceError(), "BrokenResourceError"),
+    ],
+)
+def test_backend_failures_are_described_in_a_few_words(failure: BaseException, words: str) -> None:
+    assert describe(failure) == words
