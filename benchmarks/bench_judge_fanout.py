@@ -264,16 +264,17 @@ async def run(args: argparse.Namespace, judges: dict[str, Child]) -> int:
         "zero-latency fake judge",
         flush=True,
     )
-    for variant in VARIANTS:  # warm-up: imports, first connections
+    variants = args.variant or VARIANTS
+    for variant in variants:  # warm-up: imports, first connections
         await throughput(variant, zero, args.concurrency, args.concurrency, tasks)
-    results: dict[str, list[Throughput]] = {variant: [] for variant in VARIANTS}
+    results: dict[str, list[Throughput]] = {variant: [] for variant in variants}
     for _ in range(args.rounds):
-        for variant in VARIANTS:
+        for variant in variants:
             result = await throughput(variant, zero, args.calls, args.concurrency, tasks)
             results[variant].append(result)
             failures += result.failures
             print(result.describe(args.concurrency), flush=True)
-    for variant in VARIANTS:
+    for variant in variants:
         rate = statistics.median(r.rate for r in results[variant])
         cpu = statistics.median(1000 * r.client_cpu_s / r.calls for r in results[variant])
         print(f"median {variant:<10} {rate:7.0f} calls/s, client {cpu:.3f} ms CPU/call")
@@ -294,7 +295,7 @@ async def run(args: argparse.Namespace, judges: dict[str, Child]) -> int:
             f"  {'judge CPU':>9}"
         )
         for size in args.burst:
-            for variant in VARIANTS:
+            for variant in variants:
                 for shot in await bursts(variant, judge, size, args.rounds, tasks):
                     failures += shot.failures
                     print(
@@ -311,6 +312,13 @@ async def run(args: argparse.Namespace, judges: dict[str, Child]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--short", action="store_true", help="fewer calls and bursts (CI)")
+    parser.add_argument(
+        "--variant",
+        choices=VARIANTS,
+        action="append",
+        default=None,
+        help="repeatable (default: all)",
+    )
     parser.add_argument("--calls", type=int, default=None, help="calls per throughput round")
     parser.add_argument("--concurrency", type=int, default=256, help="judge_max_concurrency")
     parser.add_argument("--rounds", type=int, default=None, help="repeats of each measurement")
