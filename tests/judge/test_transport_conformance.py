@@ -84,6 +84,18 @@ class Setup:
     judge: FakeJudge
     url: str
     make: Callable[[JudgeEndpoint], JudgeTransport]
+    sockets: list[trio.SocketStream] | None = None  # every TCP connection really opened
+
+    def connections(self, transport: JudgeTransport) -> int:
+        """Connections the transport opened: its own count, which over a network must match
+        the sockets really opened."""
+        count = transport.statistics().connections_opened
+        if self.sockets is not None:
+            assert count == len(self.sockets)
+        return count
+
+    def sockets_open(self) -> int:
+        return sum(1 for stream in self.sockets or () if stream.socket.fileno() != -1)
 
     def transport(self, *, timeout_s: float = 5.0, api_key: str | None = None) -> JudgeTransport:
         return self.make(JudgeEndpoint(self.url, judge_headers(api_key), timeout_s))
@@ -111,11 +123,22 @@ def clock(kind: str) -> trio.abc.Clock | None:
 
 
 @pytest.fixture
-async def setup(kind: str, nursery: trio.Nursery) -> AsyncIterator[Setup]:
+async def setup(
+    kind: str, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Setup]:
     if kind == "network":
         judge = FakeJudge()
         port = await nursery.start(serve_fake_judge, judge, "127.0.0.1", 0)
-        yield Setup(kind, judge, f"http://127.0.0.1:{port}{PATH}", Http11Transport)
+        sockets: list[trio.SocketStream] = []
+        real_open = trio.open_tcp_stream
+
+        async def open_and_count(*args: Any, **kwargs: Any) -> trio.SocketStream:
+            stream = await real_open(*args, **kwargs)
+            sockets.append(stream)
+            return stream
+
+        monkeypatch.setattr(trio, "open_tcp_stream", open_and_count)
+        yield Setup(kind, judge, f"http://127.0.0.1:{port}{PATH}", Http11Transport, sockets)
     elif kind == "memory":
         judge = FakeJudge()
         yield Setup(kind, judge, f"http://fake-judge{PATH}", judge.transport())
@@ -189,7 +212,7 @@ async def test_every_replying_action_arrives_as_decided(
     assert setup.judge.stats()["by_action"] == {action: 1}
     # Read in full, so the connection is kept: the next call reuses it.
     await exchange(transport)
-    assert transport.statistics().connections_opened == 1
+    assert setup.connections(transport) == 1
     await transport.aclose()
 
 
@@ -210,7 +233,7 @@ async def test_truncated_body_breaks_the_read_after_half_the_body(
     assert b"".join(chunks) == expected.body[: expected.sent_bytes]
     # The broken connection is never reused.
     await exchange(transport)
-    assert transport.statistics().connections_opened == 2
+    assert setup.connections(transport) == 2
     stats = await setup.judge_settles(lambda s: s["in_flight"] == 0)
     assert stats["cancelled"] == 0
     await transport.aclose()
@@ -225,7 +248,7 @@ async def test_close_fails_the_send_as_closed_before_replying(
         await transport.send(BODY)
     assert str(caught.value) == CLOSED_BEFORE_REPLY
     await exchange(transport)
-    assert transport.statistics().connections_opened == 2
+    assert setup.connections(transport) == 2
     stats = await setup.judge_settles(lambda s: s["in_flight"] == 0)
     assert stats["cancelled"] == 0
     assert stats["by_action"] == {"close": 1, "verdict": 1}
@@ -245,7 +268,7 @@ async def test_hang_lasts_until_the_caller_gives_up(
     stats = await setup.judge_settles(lambda s: s["cancelled"] == 1)
     assert stats["in_flight"] == 0
     await exchange(transport)  # a fresh connection answers
-    assert transport.statistics().connections_opened == 2
+    assert setup.connections(transport) == 2
     await transport.aclose()
 
 
@@ -259,7 +282,7 @@ async def test_an_error_status_read_in_full_keeps_the_connection(
         assert (reply.status, body) == (500, b'{"error":"injected"}')
     reply, _ = await exchange(transport)
     assert reply.status == 200
-    assert transport.statistics().connections_opened == 1
+    assert setup.connections(transport) == 1
     await transport.aclose()
 
 
@@ -325,7 +348,7 @@ async def test_a_deadline_while_reading_the_body_drops_the_connection(
     await reply.release()
     assert transport.statistics().idle_connections == 0
     await exchange(transport)
-    assert transport.statistics().connections_opened == 2
+    assert setup.connections(transport) == 2
     await transport.aclose()
 
 
@@ -336,7 +359,7 @@ async def test_a_reply_released_unread_is_not_reused(
     reply = await transport.send(BODY)
     await reply.release()
     await exchange(transport)
-    assert transport.statistics().connections_opened == 2
+    assert setup.connections(transport) == 2
     await transport.aclose()
 
 
@@ -351,10 +374,11 @@ async def test_sequential_calls_reuse_one_connection(
     for _ in range(5):
         reply, _ = await exchange(transport)
         assert reply.status == 200
-    assert transport.statistics().connections_opened == 1
+    assert setup.connections(transport) == 1
     assert transport.statistics().idle_connections == 1
     await transport.aclose()
     assert transport.statistics().idle_connections == 0
+    assert setup.sockets_open() == 0
     with pytest.raises(RuntimeError):
         await transport.send(BODY)
 
@@ -370,7 +394,7 @@ async def test_concurrent_calls_open_one_connection_each_then_reuse_them(
                 nursery.start_soon(exchange, transport)
     assert setup.judge.stats()["max_in_flight"] == 4
     assert setup.judge.stats()["requests_total"] == 8
-    assert transport.statistics().connections_opened == 4
+    assert setup.connections(transport) == 4
     assert transport.statistics().idle_connections == 4
     await transport.aclose()
 
