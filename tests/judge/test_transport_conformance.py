@@ -19,6 +19,7 @@ import math
 import os
 import socket
 import ssl
+import struct
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -665,6 +666,19 @@ BROKEN: dict[str, tuple[bytes, type[Exception], str | None, bool]] = {
         "unsupported Content-Encoding 'br'",
         False,
     ),
+    "endless head": (b"HTTP/1.1 200 OK\r\nx: " + b"y" * 70_000, ProtocolViolation, None, True),
+    "endless chunk size line": (
+        head(b"transfer-encoding: chunked") + b"1" * 70_000,
+        ProtocolViolation,
+        None,
+        False,
+    ),
+    "endless trailers": (
+        head(b"transfer-encoding: chunked") + b"0\r\nx-trailer: " + b"y" * 70_000,
+        ProtocolViolation,
+        None,
+        False,
+    ),
 }
 
 
@@ -689,6 +703,35 @@ async def test_broken_replies_fail_with_the_projects_errors(
         assert str(caught.value).startswith("malformed reply: ")
     _, body = await exchange(transport)
     assert body == REPLY
+    await transport.aclose()
+
+
+async def test_a_connection_reset_mid_reply_is_read_failed(nursery: trio.Nursery) -> None:
+    async def reset_after_half_a_head(stream: trio.SocketStream) -> None:
+        await stream.receive_some(65536)
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-le")
+        # Linger 0: closing sends a reset instead of an orderly end of stream.
+        stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await stream.aclose()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    nursery.start_soon(trio.serve_listeners, reset_after_half_a_head, listeners)
+    transport = Http11Transport(JudgeEndpoint(f"http://127.0.0.1:{port}{PATH}", {}, 5.0))
+    with pytest.raises(ReadFailed) as caught:
+        await transport.send(BODY)
+    assert str(caught.value) == "connection to the judge broken: " + os.strerror(errno.ECONNRESET)
+    await transport.aclose()
+
+
+async def test_tls_to_a_plain_http_port_is_connect_failed_naming_the_tls_error(
+    nursery: trio.Nursery,
+) -> None:
+    port = await nursery.start(serve_fake_judge, FakeJudge(), "127.0.0.1", 0)
+    transport = Http11Transport(JudgeEndpoint(f"https://127.0.0.1:{port}{PATH}", {}, 5.0))
+    with pytest.raises(ConnectFailed) as caught:
+        await transport.send(BODY)
+    assert str(caught.value).startswith(f"cannot connect to 127.0.0.1:{port}: SSLError: [SSL")
     await transport.aclose()
 
 
