@@ -11,9 +11,9 @@ Why not h11 for the framing. h11 would read the same bytes into the same reply, 
 client CPU per judge call than the framing below, so the framing stays by hand. Measured with
 benchmarks/bench_judge_fanout.py (variant ``genrm`` is this module, ``h11`` the same connection
 stack with h11 doing the framing, in alternation against the same zero-latency fake judge;
-10,000 calls per round at judge_max_concurrency 256, 2 runs x 3 rounds, a 2-core machine under
-a load average of 5 to 9): client CPU per call 0.337-0.509 ms by hand and 0.491-0.714 ms with
-h11, h11 higher in each of the 6 paired rounds by 0.05-0.22 ms (median 0.35 vs 0.51 ms).
+10,000 calls per round at judge_max_concurrency 256, 3 runs x 3 rounds, a 2-core machine under
+a load average of 2.6 to 9): client CPU per call 0.329-0.509 ms by hand and 0.467-0.714 ms with
+h11, h11 higher in each of the 9 paired rounds by 0.05-0.25 ms (median 0.35 vs 0.52 ms).
 
 The concurrency limit already caps attempts at ``judge_max_concurrency``, so a stack of idle
 connections is the whole pool: an attempt takes the most recently used live connection or
