@@ -9,11 +9,14 @@ both CPU figures are read from /proc (10 ms ticks). Latencies are wall-clock, so
 the machine stretches them; every variant runs against the same judge in the same run, in
 alternation, and each measurement is repeated.
 
-Variants, each a real `JudgeClient` (the server's judge client) with the same configuration:
-- `genrm`: the default network stack (`judge_transport=None`);
-- `httpx-pool`: the same client handed httpx's own pooled transport
-  (`httpx.AsyncHTTPTransport` with `judge_max_concurrency` connections, httpcore's pool), the
-  baseline that SPEC J-34a warns about.
+Variants, each a real `JudgeClient` (the server's judge client) with the same configuration,
+differing only in the judge transport handed to it (judge_transports.py):
+- `genrm`: the server's own network transport (judge/http11.py, `judge_transport=None`);
+- `h11`: the same connection stack with h11 doing the HTTP/1.1 framing instead of the
+  hand-written framing (the measurement behind judge/http11.py's choice);
+- `httpx-pool`: httpx's client over its own pooled transport (`httpx.AsyncHTTPTransport` with
+  `judge_max_concurrency` connections, httpcore's pool), the baseline that SPEC J-34a warns
+  about.
 
 Throughput: `--calls` comparisons made by `2 x judge_max_concurrency` workers, each starting its
 next comparison when the last one ends (so half of them wait for a slot at any time); each makes
@@ -40,17 +43,19 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
-import httpx
 import trio
 import trio.testing
 from _common import Child, cpu_seconds, own_cpu_seconds, start_fake_judge
 from bench_http import percentile
+from judge_transports import H11Transport, HttpxPoolTransport
 
 from genrm_trio.config import Config
 from genrm_trio.judge.client import JudgeClient, JudgeTask, JudgeVerdict
+from genrm_trio.judge.transport import TransportFactory
 
-VARIANTS = ("genrm", "httpx-pool")
+VARIANTS = ("genrm", "h11", "httpx-pool")
 HISTORY = [{"role": "user", "content": "Is the sum of two odd integers always even? Explain."}]
 
 
@@ -80,10 +85,11 @@ def make_client(variant: str, judge_url: str, concurrency: int) -> JudgeClient:
         judge_request_timeout_s=60.0,
         genrm_parse_retries=0,
     )
-    transport: httpx.AsyncBaseTransport | None = None
-    if variant == "httpx-pool":
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        transport = httpx.AsyncHTTPTransport(limits=limits, http1=True, http2=False)
+    transport: TransportFactory | None = None
+    if variant == "h11":
+        transport = H11Transport
+    elif variant == "httpx-pool":
+        transport = partial(HttpxPoolTransport, connections=concurrency)
     return JudgeClient(config, transport=transport)
 
 
@@ -258,16 +264,17 @@ async def run(args: argparse.Namespace, judges: dict[str, Child]) -> int:
         "zero-latency fake judge",
         flush=True,
     )
-    for variant in VARIANTS:  # warm-up: imports, first connections
+    variants = args.variant or VARIANTS
+    for variant in variants:  # warm-up: imports, first connections
         await throughput(variant, zero, args.concurrency, args.concurrency, tasks)
-    results: dict[str, list[Throughput]] = {variant: [] for variant in VARIANTS}
+    results: dict[str, list[Throughput]] = {variant: [] for variant in variants}
     for _ in range(args.rounds):
-        for variant in VARIANTS:
+        for variant in variants:
             result = await throughput(variant, zero, args.calls, args.concurrency, tasks)
             results[variant].append(result)
             failures += result.failures
             print(result.describe(args.concurrency), flush=True)
-    for variant in VARIANTS:
+    for variant in variants:
         rate = statistics.median(r.rate for r in results[variant])
         cpu = statistics.median(1000 * r.client_cpu_s / r.calls for r in results[variant])
         print(f"median {variant:<10} {rate:7.0f} calls/s, client {cpu:.3f} ms CPU/call")
@@ -288,7 +295,7 @@ async def run(args: argparse.Namespace, judges: dict[str, Child]) -> int:
             f"  {'judge CPU':>9}"
         )
         for size in args.burst:
-            for variant in VARIANTS:
+            for variant in variants:
                 for shot in await bursts(variant, judge, size, args.rounds, tasks):
                     failures += shot.failures
                     print(
@@ -305,6 +312,13 @@ async def run(args: argparse.Namespace, judges: dict[str, Child]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--short", action="store_true", help="fewer calls and bursts (CI)")
+    parser.add_argument(
+        "--variant",
+        choices=VARIANTS,
+        action="append",
+        default=None,
+        help="repeatable (default: all)",
+    )
     parser.add_argument("--calls", type=int, default=None, help="calls per throughput round")
     parser.add_argument("--concurrency", type=int, default=256, help="judge_max_concurrency")
     parser.add_argument("--rounds", type=int, default=None, help="repeats of each measurement")

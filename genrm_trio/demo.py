@@ -10,6 +10,7 @@ import math
 import random
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import httpx
@@ -20,6 +21,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from genrm_trio.config import config_from_mapping
 from genrm_trio.http.app import create_app
+from genrm_trio.judge.http11 import Http11Transport
 from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.fake_judge_http import serve_fake_judge
 
@@ -27,18 +29,6 @@ GROUP_SIZE = 16
 # The judge's name in failure texts; the demo routes it to the fake judge's free port, so the
 # printed reasons do not change from run to run (CL-22).
 JUDGE_URL = "http://fake-judge/v1"
-
-
-class _ToLoopbackPort(httpx.AsyncHTTPTransport):
-    """Sends every judge request over TCP to the fake judge's port on 127.0.0.1."""
-
-    def __init__(self, port: int) -> None:
-        super().__init__()
-        self._port = port
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        request.url = request.url.copy_with(host="127.0.0.1", port=self._port)
-        return await super().handle_async_request(request)
 
 
 @dataclass(frozen=True)
@@ -241,7 +231,9 @@ async def _demo(seed: int, judge_api: str, as_json: bool) -> int:
                 "port": 0,
             }
         )
-        app = create_app(config, judge_transport=_ToLoopbackPort(judge_port))
+        # The server's own network transport, connecting to the fake judge's port on 127.0.0.1.
+        to_fake_judge = partial(Http11Transport, connect_to=("127.0.0.1", judge_port))
+        app = create_app(config, judge_transport=to_fake_judge)
         settings = HypercornConfig()
         settings.bind = ["127.0.0.1:0"]
         settings.accesslog = None

@@ -11,7 +11,6 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
-import httpx
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope, Scope
 from quart import Response, request
@@ -41,6 +40,7 @@ from genrm_trio.http.wire import (
     render_masked_row,
     render_scored_row,
 )
+from genrm_trio.judge.transport import TransportFactory
 from genrm_trio.runtime.compare import CompareUnavailable, run_compare
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
@@ -124,7 +124,7 @@ def _http_error_body(exc: HTTPException) -> bytes:
 def create_app(
     config: Config | Mapping[str, Any],
     *,
-    judge_transport: httpx.AsyncBaseTransport | None = None,
+    judge_transport: TransportFactory | None = None,
     hooks: Hooks | None = None,
 ) -> GenRMApp:
     """Build an independent server instance; `judge_transport` replaces the judge's network."""

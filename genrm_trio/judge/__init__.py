@@ -1,1 +1,1 @@
-"""The judge client: request building, reply reading and the attempt loop (httpx on Trio)."""
+"""The judge client: request building, reply reading, the attempt loop and the transport seam."""

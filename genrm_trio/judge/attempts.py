@@ -17,6 +17,7 @@ from genrm_trio.config import JudgeApi
 from genrm_trio.core.messages import format_seconds
 from genrm_trio.core.verdicts import Verdict
 from genrm_trio.judge.replies import ReplyNotJson, ReplyReading, decode_reply, read_reply
+from genrm_trio.judge.transport import JudgeTransportError
 
 # Only 1000 code points of an error body are shown, and no code point is longer than 4 bytes.
 ERROR_BODY_BYTES = 4096
@@ -81,27 +82,11 @@ def status_outcome(status: int, body: bytes, retry_after: float | None) -> Attem
     return FatalFailure(cause=cause)
 
 
-def _message(exc: BaseException) -> str:
-    """The exception's message, or else the first one down its chain, named by its type.
-
-    Wrapped failures often carry none of their own: a TLS handshake against a plain HTTP port
-    surfaces as a ConnectError with an empty message and the SSLError underneath.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        text = str(current)
-        if text:
-            return text if current is exc else f"{type(current).__name__}: {text}"
-        current = current.__cause__ or current.__context__
-    return ""
-
-
-def transport_outcome(exc: BaseException) -> TransientFailure:
-    """A connection that failed, was lost, or delivered a body cut short."""
-    name = type(exc).__name__
-    return TransientFailure(cause=f"{name}: {_message(exc)[:1000]}", short_cause=name)
+def transport_outcome(error: JudgeTransportError) -> TransientFailure:
+    """A connection that could not be made, failed, or delivered a reply cut short or broken:
+    the cause is the transport error's class and message (judge/transport.py words both)."""
+    name = type(error).__name__
+    return TransientFailure(cause=f"{name}: {str(error)[:1000]}", short_cause=name)
 
 
 def timeout_outcome(timeout_s: float) -> FatalFailure:

@@ -30,8 +30,8 @@ _ENCODER = msgspec.json.Encoder()
 def judge_url(base_url: str, api: JudgeApi) -> str:
     """The request URL: base without user-info or trailing slash, plus the protocol's path.
 
-    User-info is dropped rather than sent: httpx would turn it into a Basic credential, and the
-    same string is written into error texts (J-41).
+    User-info is dropped rather than sent as a Basic credential: J-8 allows only a Bearer key,
+    and the same string is written into error texts (J-41).
     """
     parts = urlsplit(url_without_userinfo(base_url))
     path = parts.path.rstrip("/") + _PATHS[api]

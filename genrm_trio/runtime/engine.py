@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
-import httpx
 import trio
 
 from genrm_trio.config import Config
@@ -46,6 +45,7 @@ from genrm_trio.core.texts import (
 )
 from genrm_trio.core.verdicts import Verdict
 from genrm_trio.judge.client import JudgeClient, JudgeFailure, JudgeTask
+from genrm_trio.judge.transport import TransportFactory
 from genrm_trio.runtime.hooks import Hooks, call_hook
 
 log = logging.getLogger("genrm_trio")
@@ -101,7 +101,7 @@ class Engine:
         self,
         config: Config,
         *,
-        judge_transport: httpx.AsyncBaseTransport | None = None,
+        judge_transport: TransportFactory | None = None,
         hooks: Hooks | None = None,
     ) -> None:
         self.config = config

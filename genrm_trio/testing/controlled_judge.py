@@ -28,11 +28,18 @@ from functools import partial
 from itertools import product
 from typing import Any, Literal
 
-import httpx
 import trio
 
+from genrm_trio.judge.transport import (
+    JudgeEndpoint,
+    JudgeReply,
+    JudgeTransport,
+    TransportFactory,
+    TransportStatistics,
+)
 from genrm_trio.testing.fake_judge import FakeJudge
-from genrm_trio.testing.fake_judge_http import FakeJudgeTransport, observe_until
+from genrm_trio.testing.fake_judge_http import observe_until
+from genrm_trio.testing.memory_transport import MemoryTransport
 
 __all__ = ["CallState", "Control", "ControlledJudge", "JudgeCall", "group_marker"]
 
@@ -131,7 +138,8 @@ class ControlledJudge(FakeJudge):
     """A `FakeJudge` whose calls can be held, released, failed or delayed per group and pair.
 
     Takes the same keyword arguments as `FakeJudge`. Use `transport()` as the server's
-    ``judge_transport``; `calls` lists every call with its state.
+    ``judge_transport`` (a judge transport in memory, see testing/memory_transport.py); `calls`
+    lists every call with its state.
     """
 
     def __init__(self, **fake_judge_options: Any) -> None:
@@ -140,7 +148,6 @@ class ControlledJudge(FakeJudge):
         self._buckets: dict[tuple[Any, Any, Any], list[Control]] = {}
         self._sequence = 0
         self._fault_judges: dict[str, FakeJudge] = {}
-        self._own = FakeJudgeTransport(self)
         self._calls: list[JudgeCall] = []
         self._counts: dict[str, int] = {"requests_total": 0, "in_flight": 0, "cancelled": 0}
         self._max_in_flight = 0
@@ -359,13 +366,13 @@ class ControlledJudge(FakeJudge):
             judge.reset()
         super().reset()
 
-    def transport(self) -> httpx.AsyncBaseTransport:
-        return _ControlledTransport(self)
+    def transport(self) -> TransportFactory:
+        return partial(_ControlledTransport, self)
 
     # ---- serving -------------------------------------------------------------------------
 
-    def _arrive(self, request: httpx.Request, body: bytes) -> JudgeCall:
-        api = "responses" if request.url.path.endswith("/responses") else "chat_completions"
+    def _arrive(self, target: str, body: bytes) -> JudgeCall:
+        api = "responses" if target.partition("?")[0].endswith("/responses") else "chat_completions"
         text_1, text_2 = _response_texts(body)
         slot_1, slot_2 = _parse_slot(text_1), _parse_slot(text_2)
         group, attempt = _parse_group(text_1)
@@ -391,8 +398,8 @@ class ControlledJudge(FakeJudge):
         call.state = state
         self._notify()
 
-    async def _serve(self, request: httpx.Request, body: bytes) -> httpx.Response:
-        call = self._arrive(request, body)
+    async def _serve(self, memory: MemoryTransport, body: bytes) -> JudgeReply:
+        call = self._arrive(memory.target, body)
         try:
             control = self._control_for(call)
             forced: tuple[str, FakeJudge] | None = None
@@ -407,12 +414,10 @@ class ControlledJudge(FakeJudge):
                 assert control.action is not None and control._answers is not None
                 forced = (control.action, control._answers)
             self._set_state(call, "answering")
-            if forced is None:
-                transport: httpx.AsyncBaseTransport = self._own
-            else:
-                call.action = forced[0]
-                transport = forced[1].transport()
-            response = await transport.handle_async_request(request)
+            answers: FakeJudge = self
+            if forced is not None:
+                call.action, answers = forced
+            reply = await memory.serve(answers, body)
         except trio.Cancelled:
             self._counts["cancelled"] += 1
             self._end(call, "cancelled")
@@ -422,7 +427,7 @@ class ControlledJudge(FakeJudge):
             self._end(call, "answered")
             raise
         self._end(call, "answered")
-        return response
+        return reply
 
     def _end(self, call: JudgeCall, state: CallState) -> None:
         call.ended_at = trio.current_time()
@@ -430,13 +435,23 @@ class ControlledJudge(FakeJudge):
         self._set_state(call, state)
 
 
-class _ControlledTransport(httpx.AsyncBaseTransport):
-    def __init__(self, judge: ControlledJudge) -> None:
-        self.judge = judge
+class _ControlledTransport(JudgeTransport):
+    """The in-memory transport with the controls consulted before the fake judge answers."""
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        body = await request.aread()
-        return await self.judge._serve(request, body)
+    def __init__(self, judge: ControlledJudge, endpoint: JudgeEndpoint) -> None:
+        self.judge = judge
+        self._memory = MemoryTransport(judge, endpoint)
+
+    async def send(self, body: bytes) -> JudgeReply:
+        if self._memory.closed:
+            raise RuntimeError("the judge transport has been closed")
+        return await self.judge._serve(self._memory, body)
+
+    async def aclose(self) -> None:
+        await self._memory.aclose()
+
+    def statistics(self) -> TransportStatistics:
+        return self._memory.statistics()
 
 
 def _response_texts(body: bytes) -> tuple[str, str]:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qs
 
 if TYPE_CHECKING:
-    import httpx
+    from genrm_trio.judge.transport import TransportFactory
 
 Api = Literal["chat_completions", "responses"]
 ReplyKind = Literal["respond", "truncate", "close", "hang"]
@@ -736,11 +736,12 @@ class FakeJudge:
             tie_ranking=self.tie_ranking,
         )
 
-    def transport(self) -> httpx.AsyncBaseTransport:
-        """An in-process httpx transport serving this judge (no sockets)."""
-        from genrm_trio.testing.fake_judge_http import FakeJudgeTransport
+    def transport(self) -> TransportFactory:
+        """The judge client's in-memory transport serving this judge (no sockets): pass it as
+        ``JudgeClient(config, transport=...)`` or as a server's ``judge_transport``."""
+        from genrm_trio.testing.memory_transport import memory_transport
 
-        return FakeJudgeTransport(self)
+        return memory_transport(self)
 
     # -- request handling ----------------------------------------------------------------
 

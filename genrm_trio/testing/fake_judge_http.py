@@ -1,5 +1,6 @@
-"""Adapters that carry out the fake judge's replies: an in-process httpx transport, an ASGI app
-and a real TCP server on Trio built directly on h11 (so broken connections are exact).
+"""Adapters that carry out the fake judge's replies over HTTP: an ASGI app and a real TCP server
+on Trio built directly on h11 (so broken connections are exact). The judge client's in-memory
+transport (testing/memory_transport.py) is the third adapter, with no HTTP in between.
 
 Each adapter passes a request to :meth:`FakeJudge.handle`, sleeps the reply's ``delay_s`` with
 ``trio.sleep`` (instant and exact under a mock clock) while watching for the caller going away,
@@ -9,28 +10,28 @@ counted in ``cancelled``; ``in_flight`` always comes back down.
 How the socket-level actions look through each adapter:
 
 =================  ==========================================  ===============================
-action             httpx transport / TCP server                ASGI app
+action             TCP server                                  ASGI app
 =================  ==========================================  ===============================
 ``truncated_body`` headers with the full ``Content-Length``,   same start and partial body,
-                   half the body, then the connection breaks:  then the app raises
-                   ``httpx.RemoteProtocolError`` on read       ``httpx.RemoteProtocolError``
-``close``          ``httpx.RemoteProtocolError`` ("Server      the app raises
-                   disconnected without sending a response.")  ``httpx.RemoteProtocolError``
+                   half the body, then the connection breaks   then the app raises
+                                                               ``httpx.RemoteProtocolError``
+``close``          the connection breaks without a reply       the app raises
+                                                               ``httpx.RemoteProtocolError``
 ``hang``           no reply until the caller cancels or        no reply until
                    closes the connection                       ``http.disconnect`` or cancel
 =================  ==========================================  ===============================
 
 ASGI has no way to close a connection without a reply, so the app raises instead. Through
-``httpx.ASGITransport`` (``raise_app_exceptions=True``, the default) the caller receives that
-``httpx.RemoteProtocolError`` exactly as from a broken connection. Under an ASGI server such as
-hypercorn the exception is logged; after ``truncated_body`` the server closes the connection
+``httpx.ASGITransport`` (``raise_app_exceptions=True``, the default) an httpx client receives
+that ``httpx.RemoteProtocolError`` exactly as from a broken connection. Under an ASGI server such
+as hypercorn the exception is logged; after ``truncated_body`` the server closes the connection
 mid-body (the client sees a short body), but after ``close`` it answers ``500`` with an empty body
 and ``Connection: close`` — use :func:`serve_fake_judge` when a test needs a silent close.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from functools import partial
 from typing import Any, TypeVar
 
@@ -87,65 +88,6 @@ async def observe_until(judge: FakeJudge, probe: Callable[[], T], done: Callable
             await changed.wait()
         finally:
             remove()
-
-
-# --------------------------------------------------------------------------------------------
-# httpx transport
-
-
-class _TruncatedStream(httpx.AsyncByteStream):
-    """A body that yields its first bytes and then fails like a connection closed mid-body."""
-
-    def __init__(self, reply: FakeReply, request: httpx.Request) -> None:
-        self._reply = reply
-        self._request = request
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        await trio.lowlevel.checkpoint()
-        yield self._reply.body[: self._reply.sent_bytes]
-        raise httpx.RemoteProtocolError(_truncation_message(self._reply), request=self._request)
-
-
-class FakeJudgeTransport(httpx.AsyncBaseTransport):
-    """Serves a :class:`FakeJudge` to an ``httpx.AsyncClient`` in process, with no sockets.
-
-    httpx's own timeouts are enforced by its connection pool, which this transport replaces:
-    bound a call with a Trio cancel scope instead.
-    """
-
-    def __init__(self, judge: FakeJudge) -> None:
-        self.judge = judge
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        body = await request.aread()
-        target = request.url.raw_path.decode("ascii")
-        headers = [(name.lower(), value) for name, value in request.headers.multi_items()]
-        reply = self.judge.handle(request.method, target, headers, body, now=trio.current_time())
-        if not reply.tracked:
-            return _httpx_response(reply)
-        cancelled = True
-        try:
-            if reply.kind == "hang":
-                await trio.sleep_forever()
-            await trio.sleep(reply.delay_s)
-            cancelled = False
-        finally:
-            self.judge.end_request(reply, cancelled=cancelled)
-        if reply.kind == "close":
-            raise httpx.RemoteProtocolError(CLOSED_WITHOUT_REPLY, request=request)
-        if reply.kind == "truncate":
-            return httpx.Response(
-                reply.status,
-                headers=_response_headers(reply, len(reply.body)),
-                stream=_TruncatedStream(reply, request),
-            )
-        return _httpx_response(reply)
-
-
-def _httpx_response(reply: FakeReply) -> httpx.Response:
-    return httpx.Response(
-        reply.status, headers=_response_headers(reply, len(reply.body)), content=reply.body
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -451,7 +393,6 @@ async def _serve_connection(judge: FakeJudge, stream: trio.SocketStream) -> None
 __all__ = [
     "CLOSED_WITHOUT_REPLY",
     "FakeJudgeApp",
-    "FakeJudgeTransport",
     "fake_judge_app",
     "observe_until",
     "serve_fake_judge",

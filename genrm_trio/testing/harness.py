@@ -1,8 +1,9 @@
 """An in-process server on the fake judge, with helpers to post members and whole groups.
 
 `running_server(...)` builds an app with `create_app`, runs its lifespan, and talks to it through
-a real httpx client over ASGI; the judge is a `FakeJudge` reached through its in-process
-transport. Defaults follow the acceptance-scenario harness of SPEC §10.
+a real httpx client over ASGI; the judge is a `FakeJudge` reached through the in-memory judge
+transport (testing/memory_transport.py). Defaults follow the acceptance-scenario harness of
+SPEC §10.
 """
 
 from __future__ import annotations

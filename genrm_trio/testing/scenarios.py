@@ -52,6 +52,7 @@ from genrm_trio.config import Config, config_from_mapping
 from genrm_trio.core import messages
 from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
 from genrm_trio.http.wire import METRIC_KEYS, parse_verify_body
+from genrm_trio.judge.transport import CLOSED_BEFORE_REPLY
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.testing import invariants
@@ -825,9 +826,9 @@ class _Model:
         if kind == "non_json":
             return "fatal", "JSONDecodeError: judge reply is not valid JSON: <html>not json</html>"
         if kind == "close":
-            return "transient", "RemoteProtocolError: Server disconnected without sending a"
+            return "transient", f"ProtocolViolation: {CLOSED_BEFORE_REPLY}"
         if kind == "truncated":
-            return "transient", "RemoteProtocolError: peer closed connection without sending"
+            return "transient", "ProtocolViolation: the judge closed the connection after"
         if kind == "budget":
             return "exhausted", ""
         if kind == "empty":

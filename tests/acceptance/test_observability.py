@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,24 +17,30 @@ import trio.testing
 
 from genrm_trio.config import DEFAULT_PRINCIPLE, Config, ConfigError, load_config
 from genrm_trio.http.app import GenRMApp, create_app
+from genrm_trio.judge.transport import JudgeEndpoint, JudgeReply
 from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
 from genrm_trio.testing.harness import JUDGE_URL, Server, member, running_server
+from genrm_trio.testing.memory_transport import MemoryTransport
 
 LOGGER = "genrm_trio"
 KEY_FROM_ENV = "sk-env-k1-3b8d0c"
 KEY_FROM_CONFIG = "sk-cfg-k2-91e4a7"
 
 
-class RecordingTransport(httpx.AsyncBaseTransport):
+class RecordingTransport(MemoryTransport):
     """Passes judge requests to a fake judge and keeps each request's Authorization header."""
 
-    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
-        self.inner = inner
-        self.authorizations: list[str | None] = []
+    def __init__(
+        self, judge: FakeJudge, endpoint: JudgeEndpoint, authorizations: list[str | None]
+    ) -> None:
+        super().__init__(judge, endpoint)
+        headers = {name.lower(): value for name, value in endpoint.headers.items()}
+        self.authorization = headers.get("authorization")
+        self.authorizations = authorizations
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        self.authorizations.append(request.headers.get("authorization"))
-        return await self.inner.handle_async_request(request)
+    async def send(self, body: bytes) -> JudgeReply:
+        self.authorizations.append(self.authorization)
+        return await super().send(body)
 
 
 @asynccontextmanager
@@ -190,7 +197,8 @@ async def test_api_key_source_decides_the_authorization_header(
     else:
         monkeypatch.setenv("GENRM_JUDGE_API_KEY", env_key)
     judge = FakeJudge(api_key=sent)
-    recording = RecordingTransport(judge.transport())
+    authorizations: list[str | None] = []
+    recording = partial(RecordingTransport, judge, authorizations=authorizations)
     settings: dict[str, Any] = {
         "judge_base_url": JUDGE_URL,
         "judge_model": "judge",
@@ -205,7 +213,7 @@ async def test_api_key_source_decides_the_authorization_header(
             (200, False, 2.0),
         ]
     expected = None if sent is None else f"Bearer {sent}"
-    assert recording.authorizations == [expected, expected]
+    assert authorizations == [expected, expected]
     if sent is None:
         assert all("authorization" not in r["headers"] for r in judge.requests())
 

@@ -37,6 +37,7 @@ from genrm_trio.judge.attempts import (
     timeout_outcome,
     transport_outcome,
 )
+from genrm_trio.judge.transport import ProtocolViolation, ReadFailed
 
 DEFAULT = Verdict(3.0, 3.0, 3.5)
 V421 = Verdict(4.0, 2.0, 1.0)
@@ -98,29 +99,14 @@ def test_retry_after_is_kept_only_for_429_and_503() -> None:
 
 
 def test_transport_errors_are_transient_and_named_by_type() -> None:
-    class ReadError(Exception):
-        pass
-
-    assert transport_outcome(ReadError("peer reset")) == TransientFailure(
-        cause="ReadError: peer reset", short_cause="ReadError"
-    )
-    assert transport_outcome(ReadError("x" * 5000)).cause == "ReadError: " + "x" * 1000
-
-
-def test_transport_error_without_a_message_shows_the_underlying_one() -> None:
-    class ConnectError(Exception):
-        pass
-
-    try:
-        try:
-            raise OSError("[SSL: WRONG_VERSION_NUMBER] wrong version number")
-        except OSError as inner:
-            raise ConnectError() from inner
-    except ConnectError as outer:
-        assert transport_outcome(outer).cause == (
-            "ConnectError: OSError: [SSL: WRONG_VERSION_NUMBER] wrong version number"
+    assert transport_outcome(ReadFailed("connection to the judge broken: reset")) == (
+        TransientFailure(
+            cause="ReadFailed: connection to the judge broken: reset", short_cause="ReadFailed"
         )
-    assert transport_outcome(ConnectError()).cause == "ConnectError: "
+    )
+    assert transport_outcome(ProtocolViolation("x" * 5000)).cause == (
+        "ProtocolViolation: " + "x" * 1000
+    )
 
 
 def test_per_request_deadline_is_fatal_with_the_configured_duration() -> None:

@@ -1,6 +1,9 @@
-"""The judge client's attempt loop against a scripted in-process judge (httpx.MockTransport).
+"""The judge client's attempt loop against a scripted judge behind the transport seam.
 
-Time is Trio's mock clock (autojump), so deadlines, sleeps and gaps are exact.
+Each scripted reply is a `BodyReply` (the in-memory transport's reply), so the client's own
+reading, decoding and classification run; time is Trio's mock clock (autojump), so deadlines,
+sleeps and gaps are exact. The network transport's side of the same cases is in
+test_transport_conformance.py and test_judge_client_fake_judge.py.
 """
 
 from __future__ import annotations
@@ -8,10 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import pytest
 import trio
 
@@ -25,6 +28,20 @@ from genrm_trio.judge.client import (
     JudgeTask,
     JudgeVerdict,
 )
+from genrm_trio.judge.transport import (
+    CLOSED_BEFORE_REPLY,
+    ConnectFailed,
+    ConnectTimedOut,
+    JudgeEndpoint,
+    JudgeReply,
+    JudgeTransport,
+    JudgeTransportError,
+    ProtocolViolation,
+    ReadFailed,
+    TransportStatistics,
+    closed_in_body,
+)
+from genrm_trio.testing.memory_transport import BodyReply
 
 URL = "http://127.0.0.1:9/v1/chat/completions"
 INJECTED = b'{"error":"injected"}'
@@ -40,7 +57,17 @@ TASK = JudgeTask(
     judge_pass=0,
 )
 
-Reply = Callable[[httpx.Request], Awaitable[httpx.Response]]
+
+@dataclass(frozen=True)
+class Call:
+    """One request as the transport received it."""
+
+    url: str
+    headers: dict[str, str]  # lower-case names
+    content: bytes
+
+
+Reply = Callable[[Call], Awaitable[JudgeReply]]
 
 
 def make_config(**overrides: Any) -> Config:
@@ -60,8 +87,8 @@ def chat_body(content: Any, finish: Any = "stop") -> dict[str, Any]:
 
 
 def respond(status: int, body: bytes, headers: dict[str, str] | None = None) -> Reply:
-    async def reply(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(status, content=body, headers=headers)
+    async def reply(call: Call) -> JudgeReply:
+        return BodyReply(status, list((headers or {}).items()), [body])
 
     return reply
 
@@ -79,52 +106,38 @@ def status(code: int, body: bytes = INJECTED, **headers: str) -> Reply:
     return respond(code, body, {name.replace("_", "-"): v for name, v in headers.items()})
 
 
-def fail_with(exc: Exception) -> Reply:
-    async def reply(request: httpx.Request) -> httpx.Response:
+def fail_with(exc: JudgeTransportError) -> Reply:
+    async def reply(call: Call) -> JudgeReply:
         raise exc
 
     return reply
 
 
-class _BrokenStream(httpx.AsyncByteStream):
-    def __init__(self, first: bytes, then: BaseException | None) -> None:
-        self._first = first
-        self._then = then
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        yield self._first
-        if self._then is None:
-            await trio.sleep_forever()
-        raise self._then
-
-
 def truncated() -> Reply:
-    async def reply(request: httpx.Request) -> httpx.Response:
-        cut = httpx.RemoteProtocolError(
-            "peer closed connection without sending complete message body"
-        )
-        return httpx.Response(200, stream=_BrokenStream(b'{"choices": [', cut))
+    async def reply(call: Call) -> JudgeReply:
+        cut = ProtocolViolation(closed_in_body(13, 400))
+        return BodyReply(200, [], [b'{"choices": ['], then=cut)
 
     return reply
 
 
 def stalled_body() -> Reply:
-    async def reply(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, stream=_BrokenStream(b'{"choices": [', None))
+    async def reply(call: Call) -> JudgeReply:
+        return BodyReply(200, [], [b'{"choices": ['], then="stall")
 
     return reply
 
 
 def after(delay_s: float, then: Reply) -> Reply:
-    async def reply(request: httpx.Request) -> httpx.Response:
+    async def reply(call: Call) -> JudgeReply:
         await trio.sleep(delay_s)
-        return await then(request)
+        return await then(call)
 
     return reply
 
 
 def hang() -> Reply:
-    async def reply(request: httpx.Request) -> httpx.Response:
+    async def reply(call: Call) -> JudgeReply:
         await trio.sleep_forever()
         raise AssertionError("unreachable")
 
@@ -136,28 +149,44 @@ class ScriptedJudge:
 
     def __init__(self, *replies: Reply) -> None:
         self.replies = list(replies)
-        self.calls: list[httpx.Request] = []
+        self.calls: list[Call] = []
         self.call_times: list[float] = []
         self.in_flight = 0
         self.max_in_flight = 0
         self.cancelled = 0
 
-    async def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.calls.append(request)
+    async def answer(self, call: Call) -> JudgeReply:
+        self.calls.append(call)
         self.call_times.append(trio.current_time())
         reply = self.replies[min(len(self.calls), len(self.replies)) - 1]
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            return await reply(request)
+            return await reply(call)
         except trio.Cancelled:
             self.cancelled += 1
             raise
         finally:
             self.in_flight -= 1
 
-    def transport(self) -> httpx.MockTransport:
-        return httpx.MockTransport(self)
+    def transport(self) -> Callable[[JudgeEndpoint], JudgeTransport]:
+        return lambda endpoint: _ScriptedTransport(self, endpoint)
+
+
+class _ScriptedTransport(JudgeTransport):
+    def __init__(self, judge: ScriptedJudge, endpoint: JudgeEndpoint) -> None:
+        self.judge = judge
+        self.endpoint = endpoint
+
+    async def send(self, body: bytes) -> JudgeReply:
+        headers = {name.lower(): value for name, value in self.endpoint.headers.items()}
+        return await self.judge.answer(Call(self.endpoint.url, headers, body))
+
+    async def aclose(self) -> None:
+        pass
+
+    def statistics(self) -> TransportStatistics:
+        return TransportStatistics(connections_opened=0, idle_connections=0)
 
 
 def client_for(judge: ScriptedJudge, **overrides: Any) -> JudgeClient:
@@ -191,8 +220,7 @@ async def test_chat_request_url_body_and_headers() -> None:
     sampling = {"max_output_tokens": 16384, "temperature": 0.6, "chat_template_kwargs": {"x": 1}}
     await judge_once(judge, genrm_responses_create_params=sampling)
     request = judge.calls[0]
-    assert request.method == "POST"
-    assert str(request.url) == URL
+    assert request.url == URL
     assert json.loads(request.content) == {
         "model": "judge-m",
         "messages": [
@@ -204,9 +232,7 @@ async def test_chat_request_url_body_and_headers() -> None:
         "temperature": 0.6,
         "chat_template_kwargs": {"x": 1},
     }
-    assert dict(request.headers) == {
-        "host": "127.0.0.1:9",
-        "content-length": str(len(request.content)),
+    assert request.headers == {
         "content-type": "application/json",
         "accept": "application/json",
         "user-agent": f"genrm-trio/{__version__}",
@@ -226,7 +252,7 @@ async def test_responses_request_and_reply() -> None:
     result = await judge_once(judge, judge_api="responses", use_principle=True)
     assert result == JudgeVerdict(verdict=V421, fallback=False, attempts=1)
     request = judge.calls[0]
-    assert str(request.url) == "http://127.0.0.1:9/v1/responses"
+    assert request.url == "http://127.0.0.1:9/v1/responses"
     assert json.loads(request.content) == {
         "model": "judge-m",
         "input": [{"role": "user", "content": "2+2?", "type": "message"}],
@@ -289,25 +315,12 @@ async def test_api_key_is_read_once_at_construction(monkeypatch: pytest.MonkeyPa
     assert judge.calls[0].headers["authorization"] == "Bearer first"
 
 
-async def test_cookies_set_by_the_judge_are_never_sent_back() -> None:
-    judge = ScriptedJudge(
-        respond(
-            200, json.dumps(chat_body(FENCED_421)).encode(), {"set-cookie": "session=1; Path=/"}
-        )
-    )
-    client = client_for(judge)
-    await client.judge(TASK)
-    await client.judge(TASK)
-    await client.aclose()
-    assert "cookie" not in judge.calls[1].headers
-
-
 async def test_user_info_is_stripped_from_request_and_error_text() -> None:
     judge = ScriptedJudge(status(500))
     result = await judge_once(
         judge, judge_base_url="http://user:pw@127.0.0.1:9/v1", genrm_parse_retries=0
     )
-    assert str(judge.calls[0].url) == URL
+    assert judge.calls[0].url == URL
     assert "authorization" not in judge.calls[0].headers
     assert isinstance(result, JudgeFailure)
     assert "user" not in result.text
@@ -316,8 +329,9 @@ async def test_user_info_is_stripped_from_request_and_error_text() -> None:
 
 
 async def test_api_key_echoed_by_the_judge_is_redacted_from_the_error_text() -> None:
-    async def echo(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(401, json={"error": f"bad {request.headers['authorization']}"})
+    async def echo(call: Call) -> JudgeReply:
+        body = json.dumps({"error": f"bad {call.headers['authorization']}"}, separators=(",", ":"))
+        return BodyReply(401, [], [body.encode()])
 
     judge = ScriptedJudge(echo)
     result = await judge_once(judge, judge_api_key="sk-secret")
@@ -341,15 +355,14 @@ async def test_transient_status_then_success_takes_two_calls(
 @pytest.mark.parametrize(
     "error",
     [
-        httpx.ConnectError("[Errno 111] Connection refused"),
-        httpx.ReadError("connection reset"),
-        httpx.WriteError("broken pipe"),
-        httpx.RemoteProtocolError("Server disconnected without sending a response."),
+        ConnectFailed("cannot connect to 127.0.0.1:9: Connection refused"),
+        ReadFailed("connection to the judge broken: Connection reset by peer"),
+        ProtocolViolation(CLOSED_BEFORE_REPLY),
     ],
     ids=lambda error: type(error).__name__,
 )
 async def test_transport_error_then_success_takes_two_calls(
-    error: Exception, autojump_clock: trio.testing.MockClock
+    error: JudgeTransportError, autojump_clock: trio.testing.MockClock
 ) -> None:
     judge = ScriptedJudge(fail_with(error), VERDICT)
     assert await judge_once(judge) == JudgeVerdict(verdict=V421, fallback=False, attempts=2)
@@ -412,17 +425,16 @@ async def test_truncated_body_every_time_fails_naming_the_transport_error(
     assert result == JudgeFailure(
         text=(
             f"GenRM judge {URL} pair=(0, 1) judge=0 attempt=4/4 deadline=2.0s:"
-            " RemoteProtocolError: peer closed connection without sending complete message body"
+            " ProtocolViolation: the judge closed the connection after 13 of 400 body bytes"
         ),
         attempts=4,
     )
 
 
 async def test_error_status_with_a_broken_body_keeps_its_status() -> None:
-    async def reply(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
-            404, stream=_BrokenStream(b'{"error":', httpx.ReadError("connection reset"))
-        )
+    async def reply(call: Call) -> JudgeReply:
+        broken = ReadFailed("connection to the judge broken: Connection reset by peer")
+        return BodyReply(404, [], [b'{"error":'], then=broken)
 
     judge = ScriptedJudge(reply)
     result = await judge_once(judge)
@@ -468,15 +480,18 @@ async def test_invalid_utf8_reply_is_a_non_json_failure_shown_with_replacements(
 
 
 async def test_oversized_reply_is_refused_without_being_held() -> None:
-    async def reply(request: httpx.Request) -> httpx.Response:
-        chunk = b" " * (1024 * 1024)
+    chunk = b" " * (1024 * 1024)
 
-        class Endless(httpx.AsyncByteStream):
-            async def __aiter__(self) -> AsyncIterator[bytes]:
-                while True:
-                    yield chunk
+    class Endless(JudgeReply):
+        async def next_part(self) -> bytes:
+            await trio.lowlevel.checkpoint()
+            return chunk
 
-        return httpx.Response(200, stream=Endless())
+        async def release(self) -> None:
+            pass
+
+    async def reply(call: Call) -> JudgeReply:
+        return Endless(200, [])
 
     judge = ScriptedJudge(reply)
     result = await judge_once(judge)
@@ -699,8 +714,8 @@ async def test_deadline_covers_reading_the_body(autojump_clock: trio.testing.Moc
     assert trio.current_time() == pytest.approx(0.2)
 
 
-async def test_http_client_timeout_counts_as_the_per_request_deadline() -> None:
-    judge = ScriptedJudge(fail_with(httpx.ReadTimeout("timed out")))
+async def test_transport_connect_timeout_counts_as_the_per_request_deadline() -> None:
+    judge = ScriptedJudge(fail_with(ConnectTimedOut("no connection to 127.0.0.1:9 within 0.2s")))
     result = await judge_once(judge, judge_request_timeout_s=0.2)
     assert isinstance(result, JudgeFailure)
     assert result.text.endswith(
@@ -853,7 +868,7 @@ async def test_slots_are_granted_first_come_first_served(
 ) -> None:
     order: list[str] = []
 
-    async def reply(request: httpx.Request) -> httpx.Response:
+    async def reply(request: Call) -> JudgeReply:
         order.append(json.loads(request.content)["messages"][-2]["content"])
         await trio.sleep(0.1)
         return await VERDICT(request)
@@ -878,7 +893,7 @@ async def test_slots_are_granted_first_come_first_served(
 async def test_retry_sleep_does_not_hold_a_slot(autojump_clock: trio.testing.MockClock) -> None:
     calls: list[tuple[str, float]] = []
 
-    async def reply(request: httpx.Request) -> httpx.Response:
+    async def reply(request: Call) -> JudgeReply:
         name = json.loads(request.content)["messages"][-2]["content"]
         calls.append((name, trio.current_time()))
         if name == "slow" and len([c for c in calls if c[0] == "slow"]) == 1:

@@ -1,9 +1,10 @@
 """Property-based fuzzing of judge replies: the client ends every comparison in a verdict or a
 judge failure with a J-40 text, never raises, and never makes more attempts than its budget.
 
-Replies come from an in-process transport (mock clock) and from a raw TCP server that writes
-arbitrary bytes to the production connection pool (real clock). A reference reading of SPEC
-§3.2…§3.4 predicts the exact result wherever the reply's meaning is fixed by the spec.
+Replies come from a scripted transport behind the judge transport seam (mock clock) and from a
+raw TCP server that writes arbitrary bytes to the production connection pool (real clock). A
+reference reading of SPEC §3.2…§3.4 predicts the exact result wherever the reply's meaning is
+fixed by the spec.
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import pytest
 import trio
 import trio.testing
@@ -25,6 +25,19 @@ from hypothesis import strategies as st
 from genrm_trio.config import Config
 from genrm_trio.core.verdicts import Verdict
 from genrm_trio.judge.client import JudgeClient, JudgeFailure, JudgeTask, JudgeVerdict
+from genrm_trio.judge.transport import (
+    ConnectFailed,
+    ConnectTimedOut,
+    JudgeEndpoint,
+    JudgeReply,
+    JudgeTransport,
+    JudgeTransportError,
+    ProtocolViolation,
+    ReadFailed,
+    TransportFactory,
+    TransportStatistics,
+)
+from genrm_trio.testing.memory_transport import BodyReply
 
 BASE_URL = "http://judge.test/v1"
 ATTEMPTS = 4  # genrm_parse_retries 3
@@ -511,18 +524,12 @@ def status_replies(draw: st.DrawFn, api: str) -> Reply:
     return Reply(f"HTTP {status}", meaning, status, headers, body)
 
 
-TRANSPORT_ERRORS: list[Callable[[str], Exception]] = [
-    httpx.ConnectError,
-    httpx.ReadError,
-    httpx.WriteError,
-    httpx.RemoteProtocolError,
+TRANSPORT_ERRORS: list[Callable[[str], JudgeTransportError]] = [
+    ConnectFailed,
+    ReadFailed,
+    ProtocolViolation,
 ]
-TIMEOUTS: list[Callable[[str], Exception]] = [
-    httpx.ConnectTimeout,
-    httpx.ReadTimeout,
-    httpx.WriteTimeout,
-    httpx.PoolTimeout,
-]
+TIMEOUTS: list[Callable[[str], JudgeTransportError]] = [ConnectTimedOut]
 
 
 @st.composite
@@ -543,13 +550,13 @@ def transport_replies(draw: st.DrawFn, api: str) -> Reply:
         )
     if kind == "cut":
         cut = body[: draw(st.integers(0, len(body) - 1))]
-        cause = f"RemoteProtocolError: {message[:1000]}"
+        cause = f"ProtocolViolation: {message[:1000]}"
         return Reply(
             "cut body",
             Transient(cause),
             body=body,
             cut_after=cut,
-            error=httpx.RemoteProtocolError(message),
+            error=ProtocolViolation(message),
         )
     if kind == "stall":
         return Reply(
@@ -630,33 +637,42 @@ def scripts(api: str) -> st.SearchStrategy[list[Reply]]:
 # Running a comparison
 
 
-class _Body(httpx.AsyncByteStream):
-    def __init__(self, reply: Reply) -> None:
-        self._reply = reply
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        reply = self._reply
-        if reply.cut_after is not None:
-            yield reply.cut_after
-            assert reply.error is not None
-            raise reply.error
-        if reply.stall:
-            yield reply.body[:10]
-            await trio.sleep_forever()
-        yield reply.body
+def body_reply(reply: Reply) -> JudgeReply:
+    if reply.cut_after is not None:
+        assert isinstance(reply.error, JudgeTransportError)
+        return BodyReply(reply.status, reply.headers, [reply.cut_after], then=reply.error)
+    if reply.stall:
+        return BodyReply(reply.status, reply.headers, [reply.body[:10]], then="stall")
+    return BodyReply(reply.status, reply.headers, [reply.body])
 
 
-def scripted_transport(script: list[Reply], requests: list[httpx.Request]) -> httpx.MockTransport:
-    async def handle(request: httpx.Request) -> httpx.Response:
-        requests.append(request)
-        reply = script[min(len(requests), len(script)) - 1]
+class _ScriptedTransport(JudgeTransport):
+    def __init__(self, script: list[Reply], requests: list[str], endpoint: JudgeEndpoint) -> None:
+        self.script = script
+        self.requests = requests
+        self.url = endpoint.url
+
+    async def send(self, body: bytes) -> JudgeReply:
+        self.requests.append(self.url)
+        reply = self.script[min(len(self.requests), len(self.script)) - 1]
         if reply.delay_s:
             await trio.sleep(reply.delay_s)
+        else:
+            await trio.lowlevel.checkpoint()
         if reply.error is not None and reply.cut_after is None:
             raise reply.error
-        return httpx.Response(reply.status, headers=reply.headers, stream=_Body(reply))
+        return body_reply(reply)
 
-    return httpx.MockTransport(handle)
+    async def aclose(self) -> None:
+        pass
+
+    def statistics(self) -> TransportStatistics:
+        return TransportStatistics(connections_opened=0, idle_connections=0)
+
+
+def scripted_transport(script: list[Reply], requests: list[str]) -> TransportFactory:
+    """The judge transport answering the n-th attempt with script[n]; records the URL of each."""
+    return lambda endpoint: _ScriptedTransport(script, requests, endpoint)
 
 
 def check_result(result: object, attempts_made: int, api: str) -> None:
@@ -691,7 +707,7 @@ def test_hostile_replies_end_in_a_verdict_or_a_judge_failure(api: str, script: A
     expected = expected_result(api, attempts)
 
     async def run() -> None:
-        requests: list[httpx.Request] = []
+        requests: list[str] = []
         config = make_config(api)
         client = JudgeClient(
             config, transport=scripted_transport(attempts, requests), rng=random.Random(0)
@@ -706,8 +722,8 @@ def test_hostile_replies_end_in_a_verdict_or_a_judge_failure(api: str, script: A
         event("predicted exactly" if expected.result is not None else "general properties only")
         if expected.result is not None:
             assert result == expected.result
-        for request in requests:
-            assert request.url == f"{BASE_URL}/{API_PATHS[api]}"
+        for url in requests:
+            assert url == f"{BASE_URL}/{API_PATHS[api]}"
 
     trio.run(run, clock=trio.testing.MockClock(autojump_threshold=0))
 
@@ -720,17 +736,22 @@ async def test_a_reply_too_large_to_hold_is_refused_without_reading_it_all(
     chunk = b" " * (1 << 20)
     served: list[int] = []  # chunks taken from each attempt's 64 MiB body
 
-    class Endless(httpx.AsyncByteStream):
-        async def __aiter__(self) -> AsyncIterator[bytes]:
+    class Endless(BodyReply):
+        async def next_part(self) -> bytes:
+            await trio.lowlevel.checkpoint()
+            if served[-1] == 64:
+                return b""
+            served[-1] += 1
+            return chunk
+
+    class EndlessTransport(_ScriptedTransport):
+        async def send(self, body: bytes) -> JudgeReply:
             served.append(0)
-            for _ in range(64):
-                served[-1] += 1
-                yield chunk
+            return Endless(200, [], [])
 
-    async def handle(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, stream=Endless())
-
-    client = JudgeClient(make_config(api), transport=httpx.MockTransport(handle))
+    client = JudgeClient(
+        make_config(api), transport=lambda endpoint: EndlessTransport([], [], endpoint)
+    )
     try:
         result = await client.judge(TASK)
     finally:

@@ -10,9 +10,9 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from _fake_judge_support import chat_body, chat_verdict, responses_body
+from _fake_judge_support import BASE_URL, chat_body, chat_verdict, responses_body
 
-from genrm_trio.testing.fake_judge import FakeJudge
+from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
 from genrm_trio.testing.fake_judge_http import FakeJudgeApp, fake_judge_app
 
 
@@ -91,3 +91,44 @@ async def test_lifespan_startup_and_shutdown(app: FakeJudgeApp) -> None:
 
     await app({"type": "lifespan"}, receive, send)
     assert sent == [{"type": "lifespan.startup.complete"}, {"type": "lifespan.shutdown.complete"}]
+
+
+# -- control routes (CL-18) -----------------------------------------------------------------
+
+
+async def test_control_routes() -> None:
+    judge = FakeJudge()
+    transport = httpx.ASGITransport(app=FakeJudgeApp(judge))
+    async with httpx.AsyncClient(base_url=BASE_URL, transport=transport) as client:
+        await _control_routes(judge, client)
+
+
+async def _control_routes(judge: FakeJudge, client: httpx.AsyncClient) -> None:
+    rules = [pair_rule(0, 1, "http_status", status=500)]
+    assert (await client.put("http://fake-judge/_fake/rules", json=rules)).json() == rules
+    assert (await client.get("http://fake-judge/_fake/rules")).json() == rules
+    chat = "/chat/completions"
+    assert (await client.post(chat, json=chat_body("answer-0 x", "answer-1 y"))).status_code == 500
+    await client.post(chat, json=chat_body("a", "b"))
+    stats = (await client.get("http://fake-judge/_fake/stats")).json()
+    assert stats == {
+        "requests_total": 2,
+        "by_api": {"chat_completions": 2, "responses": 0},
+        "by_action": {"http_status": 1, "verdict": 1},
+        "in_flight": 0,
+        "max_in_flight": 1,
+        "cancelled": 0,
+    }
+    recorded = (await client.get("http://fake-judge/_fake/requests?limit=1")).json()
+    assert [(r["path"], r["action"]) for r in recorded] == [("/v1/chat/completions", "verdict")]
+    assert recorded[0]["body"] == chat_body("a", "b")
+    assert (await client.post("http://fake-judge/_fake/reset")).status_code == 200
+    assert judge.stats()["requests_total"] == 0
+    assert judge.rules == rules
+    bad = await client.put("http://fake-judge/_fake/rules", json={"action": "close"})
+    assert bad.status_code == 400
+    models = (await client.get("/models")).json()
+    assert models["data"][0]["id"] == "fake-judge"
+    assert (await client.get("http://fake-judge/healthz")).json() == {"status": "ok"}
+    assert (await client.get("http://fake-judge/elsewhere")).status_code == 404
+    assert judge.stats()["requests_total"] == 0

@@ -1,13 +1,15 @@
-"""The fake judge through its in-process httpx transport, as the judge client will use it.
-Every CL-15 action, the CL-11 checks, control routes, latency and cancellation under a mock clock.
+"""The fake judge through the in-memory judge transport (testing/memory_transport.py), as the
+judge client uses it: every CL-15 action, the CL-11 checks, latency and cancellation under a mock
+clock. Control routes are not judge calls; they are tested over ASGI and TCP.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import pytest
 import trio
 import trio.testing
@@ -21,7 +23,57 @@ from _fake_judge_support import (
     responses_text,
 )
 
+from genrm_trio.judge.transport import JudgeEndpoint, JudgeReply, ProtocolViolation
 from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
+from genrm_trio.testing.memory_transport import MemoryTransport
+
+
+@dataclass
+class Answer:
+    status_code: int
+    headers: dict[str, str]
+    content: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+    @property
+    def text(self) -> str:
+        return self.content.decode()
+
+
+class JudgeCaller:
+    """Posts request bodies to the fake judge through the in-memory transport."""
+
+    def __init__(self, judge: FakeJudge) -> None:
+        self.judge = judge
+
+    async def send(
+        self, path: str, *, json: Any, headers: dict[str, str] | None = None
+    ) -> JudgeReply:
+        endpoint = JudgeEndpoint(url=BASE_URL + path, headers=headers or {}, timeout_s=60.0)
+        return await MemoryTransport(self.judge, endpoint).send(_json_bytes(json))
+
+    async def post(self, path: str, *, json: Any, headers: dict[str, str] | None = None) -> Answer:
+        reply = await self.send(path, json=json, headers=headers)
+        chunks: list[bytes] = []
+        try:
+            await reply.read_at_most(1 << 24, chunks)
+        finally:
+            await reply.release()
+        names = {name.decode(): value.decode() for name, value in reply.headers}
+        return Answer(reply.status, names, b"".join(chunks))
+
+    async def __aenter__(self) -> JudgeCaller:
+        await trio.lowlevel.checkpoint()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+def _json_bytes(value: Any) -> bytes:
+    return json.dumps(value).encode()
 
 
 @pytest.fixture
@@ -30,23 +82,23 @@ def judge() -> FakeJudge:
 
 
 @pytest.fixture
-async def client(judge: FakeJudge) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=BASE_URL, transport=judge.transport()) as client:
+async def client(judge: FakeJudge) -> AsyncIterator[JudgeCaller]:
+    async with JudgeCaller(judge) as client:
         yield client
 
 
-async def chat(client: httpx.AsyncClient, a: str = "a", b: str = "b", **kw: Any) -> httpx.Response:
+async def chat(client: JudgeCaller, a: str = "a", b: str = "b", **kw: Any) -> Answer:
     return await client.post("/chat/completions", json=chat_body(a, b, **kw))
 
 
-async def responses(client: httpx.AsyncClient, a: str = "a", b: str = "b") -> httpx.Response:
+async def responses(client: JudgeCaller, a: str = "a", b: str = "b") -> Answer:
     return await client.post("/responses", json=responses_body(a, b))
 
 
 # -- verdicts and request checks ------------------------------------------------------------
 
 
-async def test_plain_verdicts_over_both_apis(judge: FakeJudge, client: httpx.AsyncClient) -> None:
+async def test_plain_verdicts_over_both_apis(judge: FakeJudge, client: JudgeCaller) -> None:
     reply = await chat(client, "answer-0 [[q=5]]", "answer-1 [[q=2]]")
     assert reply.status_code == 200
     assert reply.headers["content-type"] == "application/json"
@@ -64,7 +116,7 @@ async def test_plain_verdicts_over_both_apis(judge: FakeJudge, client: httpx.Asy
 async def test_as_167_request_checks() -> None:
     judge = FakeJudge(model="genrm", api_key="k")
     auth = {"Authorization": "Bearer k"}
-    async with httpx.AsyncClient(base_url=BASE_URL, transport=judge.transport()) as client:
+    async with JudgeCaller(judge) as client:
         body = chat_body("a", "b")
         body["messages"] = body["messages"][:-1]
         bad_role = await client.post("/chat/completions", json=body, headers=auth)
@@ -88,7 +140,7 @@ async def test_as_167_request_checks() -> None:
 # -- every action ---------------------------------------------------------------------------
 
 
-async def test_verdict_action(judge: FakeJudge, client: httpx.AsyncClient) -> None:
+async def test_verdict_action(judge: FakeJudge, client: JudgeCaller) -> None:
     judge.set_rules([{"action": "verdict", "score_1": 4, "score_2": 2, "ranking": 1}])
     assert chat_verdict((await chat(client)).json()) == {"score_1": 4, "score_2": 2, "ranking": 1}
     text = responses_text((await responses(client)).json())
@@ -96,16 +148,14 @@ async def test_verdict_action(judge: FakeJudge, client: httpx.AsyncClient) -> No
 
 
 async def test_verdict_action_can_carry_non_finite_values(
-    judge: FakeJudge, client: httpx.AsyncClient
+    judge: FakeJudge, client: JudgeCaller
 ) -> None:
     judge.set_rules([{"action": "verdict", "score_1": float("nan"), "ranking": 1}])
     content = chat_content((await chat(client)).json())
     assert content.endswith('```json\n{"score_1": NaN, "ranking": 1}\n```')
 
 
-async def test_text_action_with_and_without_finish(
-    judge: FakeJudge, client: httpx.AsyncClient
-) -> None:
+async def test_text_action_with_and_without_finish(judge: FakeJudge, client: JudgeCaller) -> None:
     fenced = '```json\n{"score_1": 4, "score_2": 2, "ranking": 1}\n```'
     judge.set_rules(
         [
@@ -124,7 +174,7 @@ async def test_text_action_with_and_without_finish(
     assert (await responses(client)).json()["status"] == "length"
 
 
-async def test_empty_action(judge: FakeJudge, client: httpx.AsyncClient) -> None:
+async def test_empty_action(judge: FakeJudge, client: JudgeCaller) -> None:
     judge.set_rules([{"action": "empty"}])
     reply = (await chat(client)).json()
     assert chat_content(reply).rpartition("</think>")[2].strip() == ""
@@ -133,7 +183,7 @@ async def test_empty_action(judge: FakeJudge, client: httpx.AsyncClient) -> None
     assert (reply["status"], responses_text(reply)) == ("completed", "")
 
 
-async def test_null_content_action(judge: FakeJudge, client: httpx.AsyncClient) -> None:
+async def test_null_content_action(judge: FakeJudge, client: JudgeCaller) -> None:
     judge.set_rules([{"action": "null_content"}])
     assert chat_content((await chat(client)).json()) is None
     message = (await responses(client)).json()["output"][1]
@@ -141,7 +191,7 @@ async def test_null_content_action(judge: FakeJudge, client: httpx.AsyncClient) 
 
 
 @pytest.mark.parametrize("value", ["content_filter", "failed", "cancelled", "in_progress"])
-async def test_finish_action(judge: FakeJudge, client: httpx.AsyncClient, value: str) -> None:
+async def test_finish_action(judge: FakeJudge, client: JudgeCaller, value: str) -> None:
     judge.set_rules([{"action": "finish", "value": value}])
     reply = (await chat(client)).json()
     assert reply["choices"][0]["finish_reason"] == value
@@ -150,7 +200,7 @@ async def test_finish_action(judge: FakeJudge, client: httpx.AsyncClient, value:
     assert (reply["status"], responses_text(reply)) == (value, "")
 
 
-async def test_budget_exhausted_action(judge: FakeJudge, client: httpx.AsyncClient) -> None:
+async def test_budget_exhausted_action(judge: FakeJudge, client: JudgeCaller) -> None:
     judge.set_rules([{"action": "budget_exhausted"}])
     reply = (await chat(client)).json()
     content = chat_content(reply)
@@ -163,7 +213,7 @@ async def test_budget_exhausted_action(judge: FakeJudge, client: httpx.AsyncClie
     assert [item["type"] for item in reply["output"]] == ["reasoning"]
 
 
-async def test_http_status_action(judge: FakeJudge, client: httpx.AsyncClient) -> None:
+async def test_http_status_action(judge: FakeJudge, client: JudgeCaller) -> None:
     judge.set_rules(
         [
             {"action": "http_status", "status": 500, "times": 1},
@@ -184,7 +234,7 @@ async def test_http_status_action(judge: FakeJudge, client: httpx.AsyncClient) -
     assert judge.stats()["by_action"] == {"http_status": 4}
 
 
-async def test_non_json_action(judge: FakeJudge, client: httpx.AsyncClient) -> None:
+async def test_non_json_action(judge: FakeJudge, client: JudgeCaller) -> None:
     judge.set_rules([{"action": "non_json"}])
     reply = await chat(client)
     assert (reply.status_code, reply.content) == (200, b"<html>not json</html>")
@@ -195,7 +245,7 @@ async def test_non_json_action(judge: FakeJudge, client: httpx.AsyncClient) -> N
     [("null", b"null"), ("{}", b"{}"), ('{"choices": []}', b'{"choices": []}'), ([], b"[]")],
 )
 async def test_raw_action_bodies(
-    judge: FakeJudge, client: httpx.AsyncClient, body: Any, expected: bytes
+    judge: FakeJudge, client: JudgeCaller, body: Any, expected: bytes
 ) -> None:
     judge.set_rules([{"action": "raw", "body": body}])
     reply = await chat(client)
@@ -203,9 +253,7 @@ async def test_raw_action_bodies(
     assert reply.headers["content-type"] == "application/json"
 
 
-async def test_raw_action_status_and_content_type(
-    judge: FakeJudge, client: httpx.AsyncClient
-) -> None:
+async def test_raw_action_status_and_content_type(judge: FakeJudge, client: JudgeCaller) -> None:
     valid = '{"choices": [{"message": {"content": "x"}}]}'
     judge.set_rules([{"action": "raw", "body": valid, "status": 202, "content_type": "text/plain"}])
     reply = await chat(client)
@@ -213,36 +261,33 @@ async def test_raw_action_status_and_content_type(
     assert reply.text == valid
 
 
-async def test_truncated_body_action_breaks_the_read(
-    judge: FakeJudge, client: httpx.AsyncClient
-) -> None:
+async def test_truncated_body_action_breaks_the_read(judge: FakeJudge, client: JudgeCaller) -> None:
     judge.set_rules([{"action": "truncated_body", "times": 1}])
-    with pytest.raises(httpx.RemoteProtocolError, match="without sending complete message body"):
+    with pytest.raises(ProtocolViolation, match="closed the connection after"):
         await chat(client)
-    async with client.stream("POST", "/chat/completions", json=chat_body("a", "b")) as reply:
-        assert reply.status_code == 200
+    assert (await chat(client)).status_code == 200
     judge.set_rules([{"action": "truncated_body"}])
-    async with client.stream("POST", "/chat/completions", json=chat_body("a", "b")) as reply:
-        announced = int(reply.headers["content-length"])
-        received = b""
-        with pytest.raises(httpx.RemoteProtocolError):
-            async for chunk in reply.aiter_raw():
-                received += chunk
-    assert 0 < len(received) < announced
+    reply = await client.send("/chat/completions", json=chat_body("a", "b"))
+    announced = int(reply.header(b"content-length") or 0)
+    received: list[bytes] = []
+    with pytest.raises(ProtocolViolation):
+        await reply.read_at_most(1 << 20, received)
+    await reply.release()
+    assert 0 < len(b"".join(received)) < announced
     assert judge.stats()["in_flight"] == 0
     assert judge.stats()["by_action"] == {"truncated_body": 2, "verdict": 1}
 
 
-async def test_close_action(judge: FakeJudge, client: httpx.AsyncClient) -> None:
+async def test_close_action(judge: FakeJudge, client: JudgeCaller) -> None:
     judge.set_rules([{"action": "close"}])
-    with pytest.raises(httpx.RemoteProtocolError, match="without sending a response"):
+    with pytest.raises(ProtocolViolation, match="before replying"):
         await chat(client)
     assert judge.stats()["in_flight"] == 0
     assert judge.stats()["cancelled"] == 0
 
 
 async def test_hang_until_the_caller_cancels(
-    judge: FakeJudge, client: httpx.AsyncClient, autojump_clock: trio.testing.MockClock
+    judge: FakeJudge, client: JudgeCaller, autojump_clock: trio.testing.MockClock
 ) -> None:
     judge.set_rules([{"action": "hang"}])
     with trio.move_on_after(600) as scope:
@@ -256,7 +301,7 @@ async def test_hang_until_the_caller_cancels(
 
 async def test_hang_ignores_latency(autojump_clock: trio.testing.MockClock) -> None:
     judge = FakeJudge(latency="fixed:5", rules=[{"action": "hang"}])
-    async with httpx.AsyncClient(base_url=BASE_URL, transport=judge.transport()) as hang_client:
+    async with JudgeCaller(judge) as hang_client:
         with trio.move_on_after(1):
             await chat(hang_client)
     assert judge.requests(1)[0]["delay_s"] == 0.0
@@ -270,7 +315,7 @@ async def test_fixed_latency_is_exact_under_the_mock_clock(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     judge = FakeJudge(latency="fixed:0.2")
-    async with httpx.AsyncClient(base_url=BASE_URL, transport=judge.transport()) as client:
+    async with JudgeCaller(judge) as client:
         start = trio.current_time()
         reply = await chat(client)
         assert trio.current_time() - start == pytest.approx(0.2, abs=1e-12)
@@ -282,8 +327,8 @@ async def test_latency_applies_before_error_actions_too(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     judge = FakeJudge(latency="fixed:1", rules=[{"action": "close", "delay_s": 0.5}])
-    async with httpx.AsyncClient(base_url=BASE_URL, transport=judge.transport()) as client:
-        with pytest.raises(httpx.RemoteProtocolError):
+    async with JudgeCaller(judge) as client:
+        with pytest.raises(ProtocolViolation):
             await chat(client)
     assert trio.current_time() == pytest.approx(1.5)
 
@@ -292,7 +337,7 @@ async def test_uniform_latency_matches_the_recorded_delay(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     judge = FakeJudge(latency="uniform:0.1:0.3", seed=5)
-    async with httpx.AsyncClient(base_url=BASE_URL, transport=judge.transport()) as client:
+    async with JudgeCaller(judge) as client:
         for _ in range(5):
             start = trio.current_time()
             await chat(client)
@@ -305,7 +350,7 @@ async def test_cancel_during_latency_counts_as_cancelled(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     judge = FakeJudge(latency="fixed:10")
-    async with httpx.AsyncClient(base_url=BASE_URL, transport=judge.transport()) as client:
+    async with JudgeCaller(judge) as client:
         with trio.move_on_after(1):
             await chat(client)
     assert judge.stats()["cancelled"] == 1
@@ -316,7 +361,7 @@ async def test_concurrent_calls_raise_max_in_flight(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     judge = FakeJudge(latency="fixed:0.2")
-    async with httpx.AsyncClient(base_url=BASE_URL, transport=judge.transport()) as client:
+    async with JudgeCaller(judge) as client:
         async with trio.open_nursery() as nursery:
             for n in range(3):
                 nursery.start_soon(chat, client, f"a{n}", "b")
@@ -330,49 +375,16 @@ async def test_concurrent_calls_raise_max_in_flight(
 # -- rules over the wire (AS-168) -----------------------------------------------------------
 
 
-async def test_as_168_times_and_after(judge: FakeJudge, client: httpx.AsyncClient) -> None:
+async def test_as_168_times_and_after(judge: FakeJudge, client: JudgeCaller) -> None:
     judge.set_rules([{"action": "http_status", "status": 503, "times": 1}])
     assert [(await chat(client)).status_code for _ in range(3)] == [503, 200, 200]
     judge.set_rules([{"action": "http_status", "status": 503, "after": 1}])
     assert [(await chat(client)).status_code for _ in range(2)] == [200, 503]
 
 
-async def test_pair_rule_fails_one_pair(judge: FakeJudge, client: httpx.AsyncClient) -> None:
+async def test_pair_rule_fails_one_pair(judge: FakeJudge, client: JudgeCaller) -> None:
     judge.set_rules([pair_rule(15, 0, "budget_exhausted")])
     hit = (await chat(client, "answer-15 [[q=3]]", "answer-0 [[q=3]]")).json()
     miss = (await chat(client, "answer-14 [[q=3]]", "answer-15 [[q=3]]")).json()
     assert hit["choices"][0]["finish_reason"] == "length"
     assert miss["choices"][0]["finish_reason"] == "stop"
-
-
-# -- control routes (CL-18) -----------------------------------------------------------------
-
-
-async def test_control_routes(judge: FakeJudge, client: httpx.AsyncClient) -> None:
-    rules = [pair_rule(0, 1, "http_status", status=500)]
-    assert (await client.put("http://fake-judge/_fake/rules", json=rules)).json() == rules
-    assert (await client.get("http://fake-judge/_fake/rules")).json() == rules
-    assert (await chat(client, "answer-0 x", "answer-1 y")).status_code == 500
-    await chat(client)
-    stats = (await client.get("http://fake-judge/_fake/stats")).json()
-    assert stats == {
-        "requests_total": 2,
-        "by_api": {"chat_completions": 2, "responses": 0},
-        "by_action": {"http_status": 1, "verdict": 1},
-        "in_flight": 0,
-        "max_in_flight": 1,
-        "cancelled": 0,
-    }
-    recorded = (await client.get("http://fake-judge/_fake/requests?limit=1")).json()
-    assert [(r["path"], r["action"]) for r in recorded] == [("/v1/chat/completions", "verdict")]
-    assert recorded[0]["body"] == chat_body("a", "b")
-    assert (await client.post("http://fake-judge/_fake/reset")).status_code == 200
-    assert judge.stats()["requests_total"] == 0
-    assert judge.rules == rules
-    bad = await client.put("http://fake-judge/_fake/rules", json={"action": "close"})
-    assert bad.status_code == 400
-    models = (await client.get("/models")).json()
-    assert models["data"][0]["id"] == "fake-judge"
-    assert (await client.get("http://fake-judge/healthz")).json() == {"status": "ok"}
-    assert (await client.get("http://fake-judge/elsewhere")).status_code == 404
-    assert judge.stats()["requests_total"] == 0
