@@ -46,6 +46,7 @@ from genrm_trio.core.texts import (
 )
 from genrm_trio.core.verdicts import Verdict
 from genrm_trio.judge.client import JudgeClient, JudgeFailure, JudgeTask
+from genrm_trio.judge.slots import Lane
 from genrm_trio.runtime.hooks import Hooks, call_hook
 
 log = logging.getLogger("genrm_trio")
@@ -82,6 +83,7 @@ class Counters:
 class GroupHandle:
     """The runtime side of one record: its cancel scope, queued comparisons and results."""
 
+    lane: Lane  # the group's place in the judge queue, promoted once the group is full
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     ready: trio.Event = field(default_factory=trio.Event)  # the group is full
     wake: trio.Event = field(default_factory=trio.Event)  # comparisons were queued
@@ -232,7 +234,7 @@ class Engine:
         for effect in effects:
             record = effect.record
             if isinstance(effect, StartGroup):
-                record.handle = GroupHandle()
+                record.handle = GroupHandle(self.judge.slots.lane(complete=False))
                 self._spawn(self._run_group, record)
             elif isinstance(effect, StartComparisons):
                 record.handle.queued.extend(effect.comparisons)
@@ -242,6 +244,8 @@ class Engine:
                 handle.evaluation_deadline = (
                     trio.current_time() + self.config.cohort_evaluation_timeout_s
                 )
+                # Complete groups' comparisons go ahead of those of groups still collecting.
+                self.judge.slots.promote(handle.lane)
                 handle.ready.set()
                 handle.wake.set()
             elif isinstance(effect, CancelGroup) and record.handle is not None:
@@ -362,6 +366,7 @@ class Engine:
             text_2=text(comparison.second),
             pair=(comparison.first, comparison.second),
             judge_pass=comparison.judge_pass,
+            lane=record.handle.lane,
         )
 
     async def _compare(
