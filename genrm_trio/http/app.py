@@ -215,18 +215,24 @@ def create_app(
             return
         del chunks
         reply: tuple[int, bytes] | None = None
+        # Work the engine leaves for after the reply, so that it does not delay it.
+        after_reply: list[Callable[[], None]] = []
         try:
-            # A client that leaves while its group is still collecting or judging cancels only
-            # its own wait (C-51), as it does through Quart.
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-                reply = _render(parsed, await engine.verify(parsed))
-                nursery.cancel_scope.cancel()
-        except Exception:
-            log.exception("Exception on request POST /verify")
-            reply = (500, _http_error_body(InternalServerError()))
-        if reply is not None:
-            await _send_reply(send, *reply)
+            try:
+                # A client that leaves while its group is still collecting or judging cancels
+                # only its own wait (C-51), as it does through Quart.
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+                    reply = _render(parsed, await engine.verify(parsed, after_reply=after_reply))
+                    nursery.cancel_scope.cancel()
+            except Exception:
+                log.exception("Exception on request POST /verify")
+                reply = (500, _http_error_body(InternalServerError()))
+            if reply is not None:
+                await _send_reply(send, *reply)
+        finally:
+            for work in after_reply:
+                work()
 
     app.verify_asgi = verify_asgi
 

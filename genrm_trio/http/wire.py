@@ -97,8 +97,10 @@ class RowEcho:
 class VerifyRequest:
     """A validated /verify body: the fields the server reads and what it needs to echo.
 
-    The decoded response and prompt input are handed over once (``take_decoded``): a request
-    waiting for its group then holds only the body it must echo, not a second form of it (I-10).
+    The response is validated in full but, when it is standard JSON, decoded only as far as its
+    scoring texts (S-1): the token ids and log-probs are checked, never built. The scoring view
+    and prompt input are handed over once (``take_scoring``): a request waiting for its group
+    then holds only the body it must echo, not a second form of it (I-10).
     """
 
     group_id: str | None
@@ -112,7 +114,9 @@ class VerifyRequest:
     baseline: str | None
     body: bytes  # as received; the echo's views point into it
     response_span: tuple[int, int]  # where the response value sits in ``body``
-    response_value: Any  # the decoded response, until taken
+    # What the scoring texts are read from: the scoring view of the response (its output
+    # items' type, summary and content), or the whole response when it was read leniently.
+    response_scoring: Any
     response_may_hold_nan: bool  # False when it was read as standard JSON
     echo: RowEcho
 
@@ -122,14 +126,29 @@ class VerifyRequest:
         start, end = self.response_span
         return self.body[start:end]
 
-    def take_decoded(self) -> tuple[Any, Any]:
-        """(response, prompt input) as decoded; the request lets go of both, so this can be
-        called only once."""
-        response, input_value = self.response_value, self.input_value
+    def response_view(self) -> memoryview:
+        """The response value's bytes as sent, without a copy (it keeps the body alive)."""
+        start, end = self.response_span
+        return memoryview(self.body)[start:end]
+
+    @property
+    def response_value(self) -> Any:
+        """The whole response, decoded on each access from its bytes (NaN and Infinity read)."""
+        return json_scan.decode_value(self.response_view())
+
+    def take_scoring(self) -> tuple[Any, Any]:
+        """(scoring view of the response, prompt input); the request lets go of both, so this
+        can be called only once."""
+        response, input_value = self.response_scoring, self.input_value
         if response is _TAKEN:
             raise RuntimeError("the decoded response and input were already taken")
-        self.response_value = self.input_value = _TAKEN
+        self.response_scoring = self.input_value = _TAKEN
         return response, input_value
+
+    def take_decoded(self) -> tuple[Any, Any]:
+        """(the whole response decoded, prompt input); like ``take_scoring``, only once."""
+        _, input_value = self.take_scoring()
+        return self.response_value, input_value
 
 
 # What the decoded fields of a VerifyRequest hold once taken; no JSON value decodes to it.
@@ -153,7 +172,7 @@ class CompareRequest:
 def parse_verify_body(body: bytes, config: Config) -> VerifyRequest:
     """Validate a /verify body completely (W-4…W-13); ``BadRequest`` names the first problem."""
     body = bytes(body)  # a no-op for bytes; the echo holds views of exactly this object
-    by_key, members = _split(body, config, _VERIFY_DECODED)
+    by_key, members = _split(body, config, _VERIFY_DECODED, _VERIFY_DECODED_AS)
 
     params = _required(by_key, "responses_create_params", "an object").value
     if not isinstance(params, dict):
@@ -232,7 +251,7 @@ def parse_verify_body(body: bytes, config: Config) -> VerifyRequest:
         baseline=baseline,
         body=body,
         response_span=(response.value_start, response.value_end),
-        response_value=response.value,
+        response_scoring=_scoring_view(response.value),
         response_may_hold_nan=not response.standard,
         echo=RowEcho(echoed, request_members, instance_config),
     )
@@ -286,12 +305,15 @@ def parse_compare_body(body: bytes, config: Config) -> CompareRequest:
 
 
 def _split(
-    body: bytes, config: Config, decode: frozenset[str]
+    body: bytes,
+    config: Config,
+    decode: frozenset[str],
+    decode_as: Mapping[str, msgspec.json.Decoder[Any]] | None = None,
 ) -> tuple[dict[str, json_scan.Member], list[json_scan.Member]]:
     if len(body) > config.max_body_bytes:
         raise BadRequest(413, f"request body exceeds {config.max_body_bytes} bytes")
     try:
-        members = json_scan.split_object(body, decode=decode)
+        members = json_scan.split_object(body, decode=decode, decode_as=decode_as)
     except json_scan.JsonScanError as exc:
         raise BadRequest(400, f"invalid JSON body: {exc.reason}") from None
     by_key: dict[str, json_scan.Member] = {}
@@ -323,7 +345,39 @@ def _check_objects(items: list[Any], path: str) -> None:
             raise _invalid(f"{path}[{index}]: expected an object, got {_describe(item)}")
 
 
+class _ScoringItem(msgspec.Struct):
+    """An output item as far as its scoring texts go (S-1); other keys are validated, not kept."""
+
+    type: Any = None
+    summary: Any = None
+    content: Any = None
+
+
+class _ScoringResponse(msgspec.Struct):
+    """A response as far as its scoring texts go: it must be an object with an output array of
+    objects (anything else is decoded in full and reported by ``_check_response``)."""
+
+    output: list[_ScoringItem]
+
+
+_VERIFY_DECODED_AS: Final = {"response": msgspec.json.Decoder(_ScoringResponse)}
+
+
+def _scoring_view(value: Any) -> Any:
+    """The response shaped as ``extract_scoring_text`` reads it; a whole response is kept."""
+    if not isinstance(value, _ScoringResponse):
+        return value
+    return {
+        "output": [
+            {"type": item.type, "summary": item.summary, "content": item.content}
+            for item in value.output
+        ]
+    }
+
+
 def _check_response(value: Any, path: str) -> None:
+    if isinstance(value, _ScoringResponse):
+        return  # its type already says it is an object with an output array of objects
     if not isinstance(value, dict):
         raise _invalid(f"{path}: expected an object, got {_describe(value)}")
     if "output" not in value:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -19,7 +19,7 @@ import trio
 
 from genrm_trio.config import Config
 from genrm_trio.core import messages
-from genrm_trio.core.canonical import digest_hex, fingerprint_decoded
+from genrm_trio.core.canonical import digest_hex
 from genrm_trio.core.groups import (
     Answer,
     Arrival,
@@ -37,6 +37,7 @@ from genrm_trio.core.groups import (
     StartGroup,
     Statistics,
 )
+from genrm_trio.core.identity import ResponseIdentity
 from genrm_trio.core.pairs import Comparison, baseline_order_digest
 from genrm_trio.core.texts import (
     convert_history,
@@ -63,20 +64,32 @@ class MemberRequest(Protocol):
     prompt_id: str | None
     principle: str | None
     baseline: str | None
-    response_may_hold_nan: bool
 
-    def take_decoded(self) -> tuple[Any, Any]:
-        """(response, responses_create_params.input) as decoded, handed over once."""
+    def take_scoring(self) -> tuple[Any, Any]:
+        """(the response as far as its scoring texts go, responses_create_params.input) as
+        decoded, handed over once."""
+        ...
+
+    def response_view(self) -> memoryview:
+        """The response's bytes as sent."""
         ...
 
 
 @dataclass
 class Counters:
-    """How often the expensive per-request steps ran (SPEC C-23, C-31, C-32)."""
+    """How often the expensive per-request steps ran (SPEC C-23, C-31, C-32).
+
+    ``fingerprints`` counts response identities, one per valid group-mode request; the work
+    behind them is counted apart: SHA-256 digests of raw response bytes, and canonical
+    fingerprints (only for bytes that differ from a member's, or for what a finished group
+    keeps).
+    """
 
     fingerprints: int = 0
     extractions: int = 0
     conversions: int = 0
+    response_digests: int = 0
+    canonical_fingerprints: int = 0
 
 
 @dataclass(eq=False)
@@ -158,8 +171,15 @@ class Engine:
 
     # ---- /verify -------------------------------------------------------------------------------
 
-    async def verify(self, request: MemberRequest) -> Outcome:
-        """Answer one validated /verify request: a scored or masked outcome, or a rejection."""
+    async def verify(
+        self, request: MemberRequest, *, after_reply: list[Callable[[], None]] | None = None
+    ) -> Outcome:
+        """Answer one validated /verify request: a scored or masked outcome, or a rejection.
+
+        A request that waited may leave work for after its reply is written (keeping its
+        member's fingerprint for replays, C-34): appended to ``after_reply`` when given, for the
+        caller to run once the reply is out, else done before returning.
+        """
         if self.closed:
             return Rejected(503, messages.SHUTTING_DOWN)
         if not self.config.group_mode:
@@ -168,10 +188,11 @@ class Engine:
             if not self._attempt_omission_logged:
                 self._attempt_omission_logged = True
                 log.info(messages.ATTEMPT_OMITTED)
-        # One decode serves validation, the fingerprint, the prompt digest and, for a new
-        # member, its compact texts; none of it is kept while the request waits (I-10).
-        response, input_value = request.take_decoded()
-        fingerprint = fingerprint_decoded(response, may_hold_nan=request.response_may_hold_nan)
+        # The validating pass decoded only what the prompt digest and the compact texts need;
+        # none of it is kept while the request waits (I-10). The response is known by its raw
+        # bytes; its canonical fingerprint is computed only when needed (C-24).
+        response, input_value = request.take_scoring()
+        identity = ResponseIdentity(request.response_view(), self.counters)
         self.counters.fingerprints += 1
         assert request.rollout_index is not None
         arrival = Arrival(
@@ -181,7 +202,7 @@ class Engine:
             task_index=request.task_index,
             prompt_id=request.prompt_id,
             digest=self._prompt_digest(request, input_value),
-            fingerprint=fingerprint,
+            fingerprint=identity,
             prepare=partial(self._prepare_member, request, response, input_value),
         )
         woken = trio.Event()
@@ -192,13 +213,19 @@ class Engine:
         reply = decision.reply
         if isinstance(reply, Answer):
             return reply.outcome
+        done = partial(self.registry.identity_done, reply.record, reply.slot, identity)
         try:
             await woken.wait()
         except BaseException:
             # A disconnect removes only this request's waiter (C-51); the group goes on.
             self.registry.detach(reply.record, reply.slot, reply.waiter)
+            done()
             raise
         assert reply.waiter.outcome is not None
+        if after_reply is None:
+            done()
+        else:
+            after_reply.append(done)
         return reply.waiter.outcome
 
     def _prompt_digest(self, request: MemberRequest, input_value: Any) -> str:
