@@ -35,10 +35,19 @@ class ResponseIdentity:
 
     __slots__ = ("_canonical", "_digest", "_raw", "_work")
 
-    def __init__(self, raw: bytes | memoryview, work: IdentityWork | None = None) -> None:
+    def __init__(
+        self,
+        raw: bytes | memoryview,
+        work: IdentityWork | None = None,
+        *,
+        known: tuple[bytes, bytes] | None = None,
+    ) -> None:
+        """``known``: the raw digest and canonical fingerprint, already computed elsewhere."""
         self._raw: bytes | memoryview | None = raw
         self._digest: bytes | None = None
         self._canonical: bytes | None = None
+        if known is not None:
+            self._digest, self._canonical = known
         self._work = work
 
     @property

@@ -8,7 +8,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, cast
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -80,17 +80,35 @@ class BadRequest(Exception):
         self.detail = detail
 
 
+@dataclass(frozen=True, slots=True)
+class FileSpan:
+    """Bytes ``start:end`` of a body that waits in a spool file instead of memory."""
+
+    start: int
+    end: int
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+
+EchoValue = bytes | memoryview | FileSpan
+# Values at least this long move to the spool file with the body; shorter ones are copied.
+SPOOLED_VALUE_MIN_BYTES: Final = 4096
+
+
 @dataclass(slots=True)
 class RowEcho:
     """The members a row repeats, as (key JSON, value JSON) byte spans in reply order.
 
     The first ``request_members`` come from the request (coordinates among them rewritten in
-    canonical JSON); the rest are the coordinates the request did not carry.
+    canonical JSON); the rest are the coordinates the request did not carry. ``spans`` gives,
+    for each member whose value is a view of the body, where that value sits in it.
     """
 
-    members: list[tuple[bytes | memoryview, bytes | memoryview]]
+    members: list[tuple[bytes | memoryview, EchoValue]]
     request_members: int
     instance_config: int | None  # index of the request's instance_config in ``members``
+    spans: list[tuple[int, int] | None]
 
 
 @dataclass(slots=True, weakref_slot=True)
@@ -119,6 +137,9 @@ class VerifyRequest:
     response_scoring: Any
     response_may_hold_nan: bool  # False when it was read as standard JSON
     echo: RowEcho
+    # The response's raw SHA-256 and canonical fingerprint, when computed before the request
+    # reached the engine (a body about to be spooled, whose bytes will not stay in memory).
+    known_fingerprints: tuple[bytes, bytes] | None = None
 
     @property
     def response_raw(self) -> bytes:
@@ -135,6 +156,31 @@ class VerifyRequest:
     def response_value(self) -> Any:
         """The whole response, decoded on each access from its bytes (NaN and Infinity read)."""
         return json_scan.decode_value(self.response_view())
+
+    @property
+    def spooled(self) -> bool:
+        """The body waits in a spool file; the echo's large values are ``FileSpan``s."""
+        return not self.body
+
+    def spool_out(self) -> None:
+        """Let go of the body, now copied to a spool file: large echoed values become spans of
+        that file, short ones (and ``instance_config``, which a masked row rewrites) are
+        copied. The request then holds no view of the body."""
+        echo = self.echo
+        members: list[tuple[bytes | memoryview, EchoValue]] = []
+        for index, ((key, value), span) in enumerate(zip(echo.members, echo.spans, strict=True)):
+            if isinstance(value, memoryview):
+                if (
+                    span is not None
+                    and len(value) >= SPOOLED_VALUE_MIN_BYTES
+                    and index != echo.instance_config
+                ):
+                    value = FileSpan(*span)
+                else:
+                    value = bytes(value)
+            members.append((bytes(key), value))
+        echo.members = members
+        self.body = b""
 
     def take_scoring(self) -> tuple[Any, Any]:
         """(scoring view of the response, prompt input); the request lets go of both, so this
@@ -220,7 +266,8 @@ def parse_verify_body(body: bytes, config: Config) -> VerifyRequest:
         "_ng_task_index": task_index,
     }
     view = memoryview(body)
-    echoed: list[tuple[bytes | memoryview, bytes | memoryview]] = []
+    echoed: list[tuple[bytes | memoryview, EchoValue]] = []
+    spans: list[tuple[int, int] | None] = []
     instance_config = None
     for member in members:
         key = member.key
@@ -228,16 +275,19 @@ def parse_verify_body(body: bytes, config: Config) -> VerifyRequest:
             continue
         if key in coordinates:
             echoed.append((_COORDINATE_KEY_JSON[key], _coordinate_json(coordinates[key])))
+            spans.append(None)
             continue
         if key == "instance_config":
             instance_config = len(echoed)
         echoed.append(
             (view[member.key_start : member.key_end], view[member.value_start : member.value_end])
         )
+        spans.append((member.value_start, member.value_end))
     request_members = len(echoed)
     for key in COORDINATE_KEYS:
         if key not in by_key:
             echoed.append((_COORDINATE_KEY_JSON[key], _coordinate_json(coordinates[key])))
+            spans.append(None)
 
     return VerifyRequest(
         group_id=group_id,
@@ -253,7 +303,7 @@ def parse_verify_body(body: bytes, config: Config) -> VerifyRequest:
         response_span=(response.value_start, response.value_end),
         response_scoring=_scoring_view(response.value),
         response_may_hold_nan=not response.standard,
-        echo=RowEcho(echoed, request_members, instance_config),
+        echo=RowEcho(echoed, request_members, instance_config, spans),
     )
 
 
@@ -509,6 +559,13 @@ def render_scored_row(
     req: VerifyRequest, reward: float, metrics: Mapping[str, float] | None
 ) -> bytes:
     """W-20: the echo, then reward and the unmasked flags, then the five group metrics if given."""
+    return b"".join(_in_memory(scored_row_parts(req, reward, metrics)))
+
+
+def scored_row_parts(
+    req: VerifyRequest, reward: float, metrics: Mapping[str, float] | None
+) -> list[EchoValue]:
+    """The scored row in order, with the spans of a spooled body left to be read."""
     parts = _echo_parts(req.echo.members)
     parts.append(b'"reward":')
     parts.append(_number(reward))
@@ -518,10 +575,21 @@ def render_scored_row(
             parts.append(_METRIC_KEY_JSON[key])
             parts.append(_number(metrics[key]))
     parts.append(b"}")
-    return b"".join(parts)
+    return parts
 
 
 def render_masked_row(req: VerifyRequest, failure_text: str) -> bytes:
+    """W-30…W-32: the masked row (see ``masked_row_parts``)."""
+    return b"".join(_in_memory(masked_row_parts(req, failure_text)))
+
+
+def _in_memory(parts: list[EchoValue]) -> list[bytes | memoryview]:
+    if any(isinstance(part, FileSpan) for part in parts):
+        raise ValueError("the request's body waits in a spool file; stream its row instead")
+    return cast(list[bytes | memoryview], parts)
+
+
+def masked_row_parts(req: VerifyRequest, failure_text: str) -> list[EchoValue]:
     """W-30…W-32: the echo with ``instance_config`` masked, then the masked flags and text.
 
     An ``instance_config`` the request lacked goes after the echoed request keys and before the
@@ -534,6 +602,7 @@ def render_masked_row(req: VerifyRequest, failure_text: str) -> bytes:
         members.insert(echo.request_members, (_INSTANCE_CONFIG_KEY, _MASKED_INSTANCE_CONFIG))
     else:
         key, value = members[echo.instance_config]
+        assert not isinstance(value, FileSpan)  # spooling keeps it in memory
         members[echo.instance_config] = (key, _masked_instance_config(bytes(value)))
     text = _json_string(failure_text[:FAILURE_TEXT_MAX_CODE_POINTS])
     parts = _echo_parts(members)
@@ -542,7 +611,7 @@ def render_masked_row(req: VerifyRequest, failure_text: str) -> bytes:
     parts.append(b',"_ng_failure_class":"judge_failed","_ng_failure_judge_error":')
     parts.append(text)
     parts.append(b"}")
-    return b"".join(parts)
+    return parts
 
 
 def bound_failure_text(text: str, suffix: str = "") -> str:
@@ -605,8 +674,8 @@ def render_healthz(status: str, counts: Mapping[str, int]) -> bytes:
     )
 
 
-def _echo_parts(members: list[tuple[bytes | memoryview, bytes | memoryview]]) -> list[Any]:
-    parts: list[Any] = [b"{"]
+def _echo_parts(members: list[tuple[bytes | memoryview, EchoValue]]) -> list[EchoValue]:
+    parts: list[EchoValue] = [b"{"]
     for key, value in members:
         parts += (key, b":", value, b",")
     return parts

@@ -64,6 +64,7 @@ class MemberRequest(Protocol):
     prompt_id: str | None
     principle: str | None
     baseline: str | None
+    known_fingerprints: tuple[bytes, bytes] | None
 
     def take_scoring(self) -> tuple[Any, Any]:
         """(the response as far as its scoring texts go, responses_create_params.input) as
@@ -172,13 +173,19 @@ class Engine:
     # ---- /verify -------------------------------------------------------------------------------
 
     async def verify(
-        self, request: MemberRequest, *, after_reply: list[Callable[[], None]] | None = None
+        self,
+        request: MemberRequest,
+        *,
+        after_reply: list[Callable[[], None]] | None = None,
+        on_wait: Callable[[ResponseIdentity], None] | None = None,
     ) -> Outcome:
         """Answer one validated /verify request: a scored or masked outcome, or a rejection.
 
         A request that waited may leave work for after its reply is written (keeping its
         member's fingerprint for replays, C-34): appended to ``after_reply`` when given, for the
-        caller to run once the reply is out, else done before returning.
+        caller to run once the reply is out, else done before returning. ``on_wait`` is called,
+        synchronously, when the request starts waiting, with the identity that still holds a
+        view of its response's bytes.
         """
         if self.closed:
             return Rejected(503, messages.SHUTTING_DOWN)
@@ -192,7 +199,9 @@ class Engine:
         # none of it is kept while the request waits (I-10). The response is known by its raw
         # bytes; its canonical fingerprint is computed only when needed (C-24).
         response, input_value = request.take_scoring()
-        identity = ResponseIdentity(request.response_view(), self.counters)
+        identity = ResponseIdentity(
+            request.response_view(), self.counters, known=request.known_fingerprints
+        )
         self.counters.fingerprints += 1
         assert request.rollout_index is not None
         arrival = Arrival(
@@ -214,6 +223,8 @@ class Engine:
         if isinstance(reply, Answer):
             return reply.outcome
         done = partial(self.registry.identity_done, reply.record, reply.slot, identity)
+        if on_wait is not None:
+            on_wait(identity)
         try:
             await woken.wait()
         except BaseException:
