@@ -3,6 +3,7 @@ byte-exact rows, reply encoding, and the msgspec types that document these shape
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -108,7 +109,7 @@ class RowEcho:
     members: list[tuple[bytes | memoryview, EchoValue]]
     request_members: int
     instance_config: int | None  # index of the request's instance_config in ``members``
-    spans: list[tuple[int, int] | None]
+    spans: list[tuple[int, int] | None] = dataclasses.field(default_factory=list)
 
 
 @dataclass(slots=True, weakref_slot=True)
@@ -168,7 +169,8 @@ class VerifyRequest:
         copied. The request then holds no view of the body."""
         echo = self.echo
         members: list[tuple[bytes | memoryview, EchoValue]] = []
-        for index, ((key, value), span) in enumerate(zip(echo.members, echo.spans, strict=True)):
+        for index, (key, value) in enumerate(echo.members):
+            span = echo.spans[index] if index < len(echo.spans) else None
             if isinstance(value, memoryview):
                 if (
                     span is not None
