@@ -15,8 +15,18 @@ for byte, W-21), hypercorn's and Quart's per-request objects and allocator slack
 written by Python's json.dumps like the ones bench_request_cpu.py times (log-probs with 16-17
 significant digits).
 
-    python benchmarks/bench_memory.py            # 512 x 8,192 tokens, then 2,048 x 16,384
-    python benchmarks/bench_memory.py --short    # 256 x 8,192, then 256 x 16,384
+With the memory budget for waiting bodies (`waiting_body_memory_bytes`), bodies beyond it wait
+in spool files; the budgets table runs 512 answers of 65,536 tokens (about 1 GiB of bodies)
+under budgets of 256 MiB and 1 GiB and with no budget, one server each, in the same run, and
+adds the server's CPU per /verify (process CPU from /proc, all threads, from idle until every
+answer waits, divided by the answers) and the spool files on disk. The spool directory is the
+default private temporary one.
+
+    python benchmarks/bench_memory.py            # 512 x 8,192 tokens, then 2,048 x 16,384,
+                                                 # then the budgets table
+    python benchmarks/bench_memory.py --short    # 256 x 8,192, then 256 x 16,384, budgets at
+                                                 # 128 x 65,536 with 64 MiB, 256 MiB, none
+    python benchmarks/bench_memory.py --budgets  # the budgets table only
 """
 
 from __future__ import annotations
@@ -37,6 +47,8 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
+    GIB,
+    MIB,
     BodyShape,
     Child,
     cpu_seconds,
@@ -60,6 +72,7 @@ class Scenario:
     answers: int
     generated_tokens: int
     target_gib: float | None
+    budget_bytes: int | None = None  # waiting_body_memory_bytes; None: no budget
 
     @property
     def shape(self) -> BodyShape:
@@ -76,6 +89,8 @@ class Result:
     idle_rss: int
     loaded_rss: int
     peak_rss: int
+    cpu_per_answer_s: float = 0.0
+    spool_files: int = 0
 
     @property
     def held_per_answer(self) -> float:
@@ -136,8 +151,20 @@ async def settle(server: Child, client: httpx.AsyncClient, groups: int) -> None:
         last = now
 
 
+def spool_files(pid: int) -> int:
+    """Spool files the server ``pid`` has in its private spool directory."""
+    parent = tempfile.gettempdir()
+    return sum(
+        len(os.listdir(os.path.join(parent, name)))
+        for name in os.listdir(parent)
+        if name.startswith(f"genrm-trio-spool-{pid}-")
+    )
+
+
 async def measure(scenario: Scenario, judge_url: str, round_name: str) -> Result:
-    server = start_server(judge_url, GROUP_SIZE, (), "--log-level", "ERROR")
+    budget = "null" if scenario.budget_bytes is None else str(scenario.budget_bytes)
+    sets = (f"waiting_body_memory_bytes={budget}",)
+    server = start_server(judge_url, GROUP_SIZE, sets, "--log-level", "ERROR")
     streams: list[trio.SocketStream] = []
     try:
         templates = body_templates(scenario.shape)
@@ -150,6 +177,7 @@ async def measure(scenario: Scenario, judge_url: str, round_name: str) -> Result
                 streams.append(await post_and_park(server.port, request))
             await settle(server, client, 1)
             idle = rss_bytes(server.pid)
+            idle_cpu = cpu_seconds(server.pid)
             limit = trio.CapacityLimiter(64)
 
             async def one(group: int, slot: int) -> None:
@@ -168,10 +196,12 @@ async def measure(scenario: Scenario, judge_url: str, round_name: str) -> Result
             await settle(server, client, groups + 1)
             loaded = rss_bytes(server.pid)
             peak = peak_rss_bytes(server.pid)
+            cpu = (cpu_seconds(server.pid) - idle_cpu) / scenario.answers
+            files = spool_files(server.pid)
             if early := answered(streams):
                 # A reply (a 409 or 503, say) would free its request and flatter the figures.
                 raise RuntimeError(f"{early} answers were not waiting when measured")
-        return Result(scenario, sum(sizes) / len(sizes), idle, loaded, peak)
+        return Result(scenario, sum(sizes) / len(sizes), idle, loaded, peak, cpu, files)
     finally:
         for stream in streams:
             await stream.aclose()
@@ -179,21 +209,30 @@ async def measure(scenario: Scenario, judge_url: str, round_name: str) -> Result
 
 
 def main() -> None:
-    args = parser(__doc__.splitlines()[0]).parse_args()
+    arguments = parser(__doc__.splitlines()[0])
+    arguments.add_argument("--budgets", action="store_true", help="only the budgets table")
+    args = arguments.parse_args()
     if args.short:
-        scenarios = [Scenario(256, 8_192, None), Scenario(256, 16_384, None)]
+        scenarios = [Scenario(256, 8_192, None, None), Scenario(256, 16_384, None, None)]
+        budgets = [Scenario(128, 65_536, None, b) for b in (64 * MIB, 256 * MIB, None)]
     else:
-        scenarios = [Scenario(512, 8_192, 0.25), Scenario(2_048, 16_384, 1.2)]
+        scenarios = [Scenario(512, 8_192, 0.25, None), Scenario(2_048, 16_384, 1.2, None)]
+        budgets = [Scenario(512, 65_536, None, b) for b in (256 * MIB, GIB, None)]
+    if args.budgets:
+        scenarios = []
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as rules:
         json.dump([{"action": "hang"}], rules)
     judge = start_fake_judge("--rules", rules.name)
     results = []
+    budget_results = []
     try:
-        for index, scenario in enumerate(scenarios):
+        for index, scenario in enumerate([*scenarios, *budgets]):
             started = time.monotonic()
-            results.append(trio.run(measure, scenario, judge.url, f"r{index}"))
+            result = trio.run(measure, scenario, judge.url, f"r{index}")
+            (results if index < len(scenarios) else budget_results).append(result)
             print(
-                f"  measured {scenario.answers} x {scenario.generated_tokens:,} tokens in "
+                f"  measured {scenario.answers} x {scenario.generated_tokens:,} tokens "
+                f"(budget {budget_text(scenario.budget_bytes)}) in "
                 f"{time.monotonic() - started:.0f} s",
                 file=sys.stderr,
             )
@@ -206,6 +245,19 @@ def main() -> None:
     )
     print(f"machine: {machine_line()}")
     print()
+    if results:
+        print_results(results)
+    if budget_results:
+        print_budgets(budget_results)
+
+
+def budget_text(budget: int | None) -> str:
+    if budget is None:
+        return "none"
+    return f"{budget / GIB:g} GiB" if budget >= GIB else f"{budget // MIB} MiB"
+
+
+def print_results(results: list[Result]) -> None:
     rows = []
     for result in results:
         scenario = result.scenario
@@ -233,6 +285,51 @@ def main() -> None:
                 "target GiB",
                 "held KiB/answer",
                 "held / body",
+            ],
+            rows,
+        )
+    )
+    print()
+
+
+def print_budgets(results: list[Result]) -> None:
+    """Peak RSS against budget + idle, and CPU per /verify against the run without a budget."""
+    unbudgeted = [r for r in results if r.scenario.budget_bytes is None]
+    base_cpu = unbudgeted[0].cpu_per_answer_s if unbudgeted else 0.0
+    rows = []
+    for result in results:
+        scenario = result.scenario
+        budget = scenario.budget_bytes
+        over = "" if budget is None else gib(result.peak_rss - result.idle_rss - budget)
+        rows.append(
+            [
+                f"{scenario.answers:,} x {scenario.generated_tokens:,}",
+                budget_text(budget),
+                f"{result.body_bytes / 1024:,.0f}",
+                gib(result.body_bytes * scenario.answers),
+                gib(result.idle_rss),
+                gib(result.loaded_rss),
+                gib(result.peak_rss),
+                over,
+                str(result.spool_files),
+                f"{result.cpu_per_answer_s * 1e3:.2f}",
+                f"{result.cpu_per_answer_s / base_cpu:.2f}" if base_cpu else "",
+            ]
+        )
+    print(
+        table(
+            [
+                "answers x tokens",
+                "budget",
+                "body KiB",
+                "bodies GiB",
+                "idle RSS GiB",
+                "RSS waiting GiB",
+                "peak RSS GiB",
+                "peak - idle - budget GiB",
+                "spool files",
+                "CPU ms per /verify",
+                "CPU vs no budget",
             ],
             rows,
         )

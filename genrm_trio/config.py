@@ -75,11 +75,15 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     default_score: float = 3.0
     default_ranking: float = 3.5
     max_body_bytes: int = 67108864
+    # Bodies of requests in flight kept in memory; beyond it they wait in files in spool_dir
+    # (None: no budget, every body stays in memory).
+    waiting_body_memory_bytes: int | None = 1073741824
+    spool_dir: str | None = None  # None: a private temporary directory removed at exit
     max_compare_responses: int = 1024
     shutdown_grace_s: float = 5.0
     log_level: LogLevel = "INFO"
     debug_logging: bool = False
-    early_judging: bool = False
+    early_judging: bool = True
 
     @property
     def group_mode(self) -> bool:
@@ -269,6 +273,29 @@ def _text(value: Any) -> str:
     return value
 
 
+def _nullable_integer(minimum: int) -> _Check:
+    check = _integer(minimum)
+    problem = f"must be an integer >= {minimum} or null"
+
+    def nullable(value: Any) -> int | None:
+        if value is None:
+            return None
+        try:
+            return int(check(value))
+        except _Invalid:
+            raise _Invalid(problem, value) from None
+
+    return nullable
+
+
+def _nullable_path(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or "\x00" in value:
+        raise _Invalid("must be a non-empty path or null", value)
+    return value
+
+
 class _HiddenValue:
     """Stands in for a secret in an error message so the message still says what was wrong."""
 
@@ -365,6 +392,8 @@ _CHECKS: dict[str, _Check] = {
     "default_score": _number(),
     "default_ranking": _number(),
     "max_body_bytes": _integer(1024),
+    "waiting_body_memory_bytes": _nullable_integer(0),
+    "spool_dir": _nullable_path,
     "max_compare_responses": _integer(1),
     "shutdown_grace_s": _number(above=0),
     "log_level": _choice(LogLevel),

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 from genrm_trio.config import Config
 from genrm_trio.core import messages
 from genrm_trio.core.critical import critical_section
+from genrm_trio.core.identity import ResponseIdentity, same_response
 from genrm_trio.core.pairs import Comparison, plan_comparisons
 from genrm_trio.core.retention import AgedIndex
 from genrm_trio.core.scoring import masked_slots, score_group
@@ -119,7 +120,9 @@ class Arrival:
     task_index: int | None
     prompt_id: str | None
     digest: str
-    fingerprint: bytes
+    # The response's identity (C-21, C-24): a canonical fingerprint, or a ResponseIdentity
+    # that holds the raw bytes until the engine settles or releases it.
+    fingerprint: bytes | ResponseIdentity
     # Called only for a newly accepted member (never for duplicates or replays); the flag says
     # whether the group's inputs must be converted too. May raise: the group then fails.
     prepare: Callable[[bool], tuple[MemberTexts, GroupInputs | None]]
@@ -177,7 +180,7 @@ class Decision(NamedTuple):
 @dataclass(slots=True, eq=False)
 class Member:
     slot: int
-    fingerprint: bytes
+    fingerprint: bytes | ResponseIdentity
     texts: MemberTexts | None
     waiters: list[Waiter]
     outcome: Scored | Masked | None = None
@@ -394,7 +397,7 @@ class GroupRegistry:
         if member is not None:
             if isinstance(member.outcome, Masked):
                 return Answer(member.outcome)
-            if member.fingerprint != arrival.fingerprint:
+            if not same_response(member.fingerprint, arrival.fingerprint):
                 return Answer(Rejected(409, messages.different_response(record.key, slot)))
             if record.phase is Phase.COMPLETED:
                 assert member.outcome is not None
@@ -457,6 +460,32 @@ class GroupRegistry:
         record.phase = Phase.EVALUATING
         self._dispatch(record, record.plan, effects)
         effects.append(BeginEvaluation(record))
+
+    def identity_done(self, record: Record, slot: int, identity: ResponseIdentity) -> None:
+        """The request that brought ``identity`` is answered or gone, and with it the bytes.
+
+        If the identity is its member's and the member must still tell responses apart (its
+        group is active, or completed with a reward a replay can get), it is settled: its
+        digest and canonical fingerprint are kept (C-34). Otherwise the bytes are let go.
+        """
+        with critical_section():
+            member = record.members.get(slot)
+            kept = (
+                member is not None
+                and member.fingerprint is identity
+                and (
+                    record.phase.active
+                    or (
+                        record.phase is Phase.COMPLETED
+                        and not record.legacy
+                        and isinstance(member.outcome, Scored)
+                    )
+                )
+            )
+            if kept:
+                identity.settle()
+            else:
+                identity.release()
 
     def detach(self, record: Record, slot: int, waiter: Waiter) -> None:
         """Remove one cancelled request's waiter (C-51); the member and the group stay."""

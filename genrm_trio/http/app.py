@@ -6,6 +6,7 @@ replies; the engine and the wire module do the rest.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Mapping
@@ -25,20 +26,27 @@ from werkzeug.exceptions import (
 from genrm_trio import __version__
 from genrm_trio.config import Config, config_from_mapping, config_warnings
 from genrm_trio.core import messages
+from genrm_trio.core.canonical import fingerprint_json
 from genrm_trio.core.groups import Masked, Outcome, Scored
+from genrm_trio.core.identity import ResponseIdentity
 from genrm_trio.http.gym_endpoints import register_gym_routes
 from genrm_trio.http.openapi import openapi_json
+from genrm_trio.http.spool import Spool, SpoolBudget, SpoolError, SpoolFile, spool_failed
 from genrm_trio.http.wire import (
     BadRequest,
+    EchoValue,
+    FileSpan,
     VerifyRequest,
     bound_failure_text,
     error_body,
+    masked_row_parts,
     parse_compare_body,
     parse_verify_body,
     render_compare_reply,
     render_healthz,
     render_masked_row,
     render_scored_row,
+    scored_row_parts,
 )
 from genrm_trio.judge.transport import TransportFactory
 from genrm_trio.runtime.compare import CompareUnavailable, run_compare
@@ -64,6 +72,8 @@ class GenRMApp(QuartTrio):
     """
 
     engine: Engine
+    spool: Spool
+    spool_budget: SpoolBudget
     verify_asgi: VerifyASGI | None = None
 
     async def __call__(
@@ -92,6 +102,55 @@ def _render(request: VerifyRequest, outcome: Outcome) -> tuple[int, bytes]:
         text = bound_failure_text(outcome.text, outcome.suffix)
         return 200, render_masked_row(request, text)
     return outcome.status, error_body(outcome.detail)
+
+
+def _render_parts(request: VerifyRequest, outcome: Outcome) -> tuple[int, list[EchoValue]]:
+    """The reply in parts; a spooled request's large echoed values stay spans of its file."""
+    if isinstance(outcome, Scored):
+        return 200, scored_row_parts(request, outcome.reward, outcome.metrics)
+    if isinstance(outcome, Masked):
+        text = bound_failure_text(outcome.text, outcome.suffix)
+        return 200, masked_row_parts(request, text)
+    return outcome.status, [error_body(outcome.detail)]
+
+
+def _spool_and_fingerprint(
+    spool: Spool, request: VerifyRequest
+) -> tuple[SpoolFile, tuple[bytes, bytes]]:
+    """In a worker thread: the body to a file, and what its member's identity needs once the
+    bytes are gone from memory (the raw digest and the canonical fingerprint)."""
+    file = spool.write_sync(request.body)
+    raw = request.response_view()
+    return file, (hashlib.sha256(raw).digest(), fingerprint_json(raw))
+
+
+async def _send_streamed(
+    send: ASGISendCallable, status: int, parts: list[EchoValue], spool: Spool, file: SpoolFile
+) -> None:
+    """Send a reply whose large parts are read from the request's spool file as it goes."""
+    length = sum(len(part) for part in parts)
+    # Opened before the head is sent, so that a missing file is still a whole 503.
+    async with spool.reader(file) as reader:
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % length)]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        pending: list[bytes | memoryview] = []
+        for part in parts:
+            if not isinstance(part, FileSpan):
+                pending.append(part)
+                continue
+            if pending:
+                await send(
+                    {"type": "http.response.body", "body": b"".join(pending), "more_body": True}
+                )
+                pending = []
+            try:
+                async for chunk in reader.chunks(part.start, part.end):
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except SpoolError as exc:
+                # The head is out: the connection is cut, and the length it announced tells the
+                # client the row is incomplete; it is never taken for a whole one.
+                raise RuntimeError(f"reply cut short: {exc.cause}") from None
+        await send({"type": "http.response.body", "body": b"".join(pending), "more_body": False})
 
 
 async def _send_reply(send: ASGISendCallable, status: int, payload: bytes) -> None:
@@ -141,17 +200,24 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     engine = Engine(config, judge_transport=judge_transport, hooks=hooks)
     app.engine = engine
+    budget = SpoolBudget(config.waiting_body_memory_bytes)
+    spool = Spool(config.spool_dir)
+    app.spool = spool
+    app.spool_budget = budget
     openapi_bytes = openapi_json(__version__)
     for warning in config_warnings(config):
         log.warning(warning)
 
     @app.before_serving
     async def start_engine() -> None:
+        if config.waiting_body_memory_bytes is not None:
+            spool.prepare()
         await app.nursery.start(engine.run)
 
     @app.after_serving
     async def stop_engine() -> None:
         await engine.shutdown()
+        spool.close()
 
     async def read_body() -> bytes:
         if request.content_length is not None and request.content_length > config.max_body_bytes:
@@ -215,19 +281,74 @@ def create_app(
             await _send_reply(send, 500, _http_error_body(InternalServerError()))
             return
         del chunks
-        reply: tuple[int, bytes] | None = None
+        size = len(parsed.body)
+        in_memory = budget.admit(size)
+        file: SpoolFile | None = None
         try:
-            # A client that leaves while its group is still collecting or judging cancels only
-            # its own wait (C-51), as it does through Quart.
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-                reply = _render(parsed, await engine.verify(parsed))
-                nursery.cancel_scope.cancel()
-        except Exception:
-            log.exception("Exception on request POST /verify")
-            reply = (500, _http_error_body(InternalServerError()))
-        if reply is not None:
-            await _send_reply(send, *reply)
+            if not in_memory:
+                # Beyond the memory budget the body waits in a file. Nothing has happened to
+                # the request's group yet, so a disk that cannot take it is a clean 503.
+                try:
+                    file, known = await trio.to_thread.run_sync(
+                        _spool_and_fingerprint, spool, parsed
+                    )
+                except SpoolError as exc:
+                    await _send_reply(send, 503, error_body(spool_failed(exc.cause, budget)))
+                    return
+                parsed.known_fingerprints = known
+                engine.counters.response_digests += 1
+                engine.counters.canonical_fingerprints += 1
+            await _verify_and_reply(parsed, file, receive, send)
+        finally:
+            if in_memory:
+                budget.release(size)
+            if file is not None:
+                await spool.remove(file)
+
+    async def _verify_and_reply(
+        parsed: VerifyRequest,
+        file: SpoolFile | None,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+    ) -> None:
+        def spool_out(identity: ResponseIdentity) -> None:
+            # The request waits: its body now lives in the file only.
+            if file is not None:
+                identity.release()
+                parsed.spool_out()
+
+        reply: tuple[int, list[EchoValue]] | None = None
+        # Work the engine leaves for after the reply, so that it does not delay it.
+        after_reply: list[Callable[[], None]] = []
+        try:
+            try:
+                # A client that leaves while its group is still collecting or judging cancels
+                # only its own wait (C-51), as it does through Quart.
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+                    outcome = await engine.verify(
+                        parsed, after_reply=after_reply, on_wait=spool_out
+                    )
+                    reply = _render_parts(parsed, outcome)
+                    nursery.cancel_scope.cancel()
+            except Exception:
+                log.exception("Exception on request POST /verify")
+                reply = (500, [_http_error_body(InternalServerError())])
+            if reply is None:
+                return
+            status, parts = reply
+            if file is not None and parsed.spooled:
+                try:
+                    await _send_streamed(send, status, parts, spool, file)
+                except SpoolError as exc:
+                    # Only a file that cannot be opened gets here: nothing was sent yet.
+                    log.error("GenRM could not read a spooled request body: %s", exc.cause)
+                    await _send_reply(send, 503, error_body(spool_failed(exc.cause, budget)))
+                return
+            await _send_reply(send, status, b"".join(cast(list[bytes | memoryview], parts)))
+        finally:
+            for work in after_reply:
+                work()
 
     app.verify_asgi = verify_asgi
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -70,7 +70,11 @@ class Member:
 
 
 def split_object(
-    data: bytes, *, decode: Container[str] = (), validate: bool = True
+    data: bytes,
+    *,
+    decode: Container[str] = (),
+    decode_as: Mapping[str, msgspec.json.Decoder[Any]] | None = None,
+    validate: bool = True,
 ) -> list[Member]:
     """The members of the JSON object ``data`` in order, duplicate keys included.
 
@@ -78,7 +82,13 @@ def split_object(
     ``MAX_NESTING`` deep, or ``JsonScanError`` is raised; NaN, Infinity and -Infinity are
     accepted inside values, and values whose key is in ``decode`` are decoded. Without
     ``validate`` the text is trusted and only split.
+
+    ``decode_as`` names keys (among ``decode``) whose value is read with the given typed decoder
+    instead, in the same pass that validates it, so that a large value can be checked without
+    building what the type skips. A value that does not fit the type is decoded in full, for
+    the caller to report; values read by Python's decoder (non-standard literals) are full too.
     """
+    typed = decode_as or {}
     text = None
     if validate:
         try:
@@ -86,7 +96,7 @@ def split_object(
         except UnicodeDecodeError as exc:
             raise JsonScanError(f"invalid UTF-8 at byte {exc.start}") from None
         if len(data) >= SCAN_MIN_BYTES:
-            scanned = _split_scanned(data, decode)
+            scanned = _split_scanned(data, decode, typed)
             if scanned is not None:
                 return scanned
         _check_nesting(data)
@@ -97,7 +107,7 @@ def split_object(
         return _split_lenient(data, text, decode)
     if not validate:
         return members
-    return [_decode_member(data, m) if m.key in decode else m for m in members]
+    return [_decode_member(data, m, typed.get(m.key)) if m.key in decode else m for m in members]
 
 
 def decode_value(raw: bytes | memoryview) -> Any:
@@ -105,10 +115,12 @@ def decode_value(raw: bytes | memoryview) -> Any:
     return _decode(raw)[0]
 
 
-def _decode(raw: bytes | memoryview) -> tuple[Any, bool]:
+def _decode(
+    raw: bytes | memoryview, typed: msgspec.json.Decoder[Any] | None = None
+) -> tuple[Any, bool]:
     """The value and whether it was read as standard JSON (see ``Member.standard``)."""
     try:
-        return _ANY_VALUE.decode(raw), True
+        return _typed_or_any(raw, typed), True
     except (msgspec.MsgspecError, RecursionError):
         pass
     # Python's decoder accepts the non-standard literals, lone surrogate escapes and
@@ -123,7 +135,20 @@ def _decode(raw: bytes | memoryview) -> tuple[Any, bool]:
         raise JsonScanError(str(exc).split(";")[0]) from None
 
 
-def _split_scanned(data: bytes, decode: Container[str]) -> list[Member] | None:
+def _typed_or_any(raw: bytes | memoryview, typed: msgspec.json.Decoder[Any] | None) -> Any:
+    """``raw`` read with ``typed``, or in full when there is no type or the value does not fit
+    it; a syntax error raises."""
+    if typed is not None:
+        try:
+            return typed.decode(raw)
+        except msgspec.ValidationError:
+            pass
+    return _ANY_VALUE.decode(raw)
+
+
+def _split_scanned(
+    data: bytes, decode: Container[str], typed: Mapping[str, msgspec.json.Decoder[Any]]
+) -> list[Member] | None:
     """The members of a standard-JSON object, found by following its strings and brackets with
     bytes searches; each value is then decoded (if asked for) or validated by msgspec on its own
     span, so the text is read by a parser only once. None when the text is not plain standard
@@ -162,7 +187,7 @@ def _split_scanned(data: bytes, decode: Container[str]) -> list[Member] | None:
             key = _KEY.decode(key_match.group())
             span = view[value_start:value_end]
             if key in decode:
-                value = _ANY_VALUE.decode(span)
+                value = _typed_or_any(span, typed.get(key))
             else:
                 _RAW_VALUE.decode(span)
                 value = NOT_DECODED
@@ -366,9 +391,11 @@ def _finish(
     return members
 
 
-def _decode_member(data: bytes, member: Member) -> Member:
+def _decode_member(
+    data: bytes, member: Member, typed: msgspec.json.Decoder[Any] | None = None
+) -> Member:
     try:
-        value, standard = _decode(memoryview(data)[member.value_start : member.value_end])
+        value, standard = _decode(memoryview(data)[member.value_start : member.value_end], typed)
     except JsonScanError as exc:
         raise JsonScanError(f"{exc.reason} in the value of '{member.key}'") from None
     return Member(

@@ -3,12 +3,13 @@ byte-exact rows, reply encoding, and the msgspec types that document these shape
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, cast
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
@@ -80,25 +81,45 @@ class BadRequest(Exception):
         self.detail = detail
 
 
+@dataclass(frozen=True, slots=True)
+class FileSpan:
+    """Bytes ``start:end`` of a body that waits in a spool file instead of memory."""
+
+    start: int
+    end: int
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+
+EchoValue = bytes | memoryview | FileSpan
+# Values at least this long move to the spool file with the body; shorter ones are copied.
+SPOOLED_VALUE_MIN_BYTES: Final = 4096
+
+
 @dataclass(slots=True)
 class RowEcho:
     """The members a row repeats, as (key JSON, value JSON) byte spans in reply order.
 
     The first ``request_members`` come from the request (coordinates among them rewritten in
-    canonical JSON); the rest are the coordinates the request did not carry.
+    canonical JSON); the rest are the coordinates the request did not carry. ``spans`` gives,
+    for each member whose value is a view of the body, where that value sits in it.
     """
 
-    members: list[tuple[bytes | memoryview, bytes | memoryview]]
+    members: list[tuple[bytes | memoryview, EchoValue]]
     request_members: int
     instance_config: int | None  # index of the request's instance_config in ``members``
+    spans: list[tuple[int, int] | None] = dataclasses.field(default_factory=list)
 
 
 @dataclass(slots=True, weakref_slot=True)
 class VerifyRequest:
     """A validated /verify body: the fields the server reads and what it needs to echo.
 
-    The decoded response and prompt input are handed over once (``take_decoded``): a request
-    waiting for its group then holds only the body it must echo, not a second form of it (I-10).
+    The response is validated in full but, when it is standard JSON, decoded only as far as its
+    scoring texts (S-1): the token ids and log-probs are checked, never built. The scoring view
+    and prompt input are handed over once (``take_scoring``): a request waiting for its group
+    then holds only the body it must echo, not a second form of it (I-10).
     """
 
     group_id: str | None
@@ -112,9 +133,14 @@ class VerifyRequest:
     baseline: str | None
     body: bytes  # as received; the echo's views point into it
     response_span: tuple[int, int]  # where the response value sits in ``body``
-    response_value: Any  # the decoded response, until taken
+    # What the scoring texts are read from: the scoring view of the response (its output
+    # items' type, summary and content), or the whole response when it was read leniently.
+    response_scoring: Any
     response_may_hold_nan: bool  # False when it was read as standard JSON
     echo: RowEcho
+    # The response's raw SHA-256 and canonical fingerprint, when computed before the request
+    # reached the engine (a body about to be spooled, whose bytes will not stay in memory).
+    known_fingerprints: tuple[bytes, bytes] | None = None
 
     @property
     def response_raw(self) -> bytes:
@@ -122,14 +148,55 @@ class VerifyRequest:
         start, end = self.response_span
         return self.body[start:end]
 
-    def take_decoded(self) -> tuple[Any, Any]:
-        """(response, prompt input) as decoded; the request lets go of both, so this can be
-        called only once."""
-        response, input_value = self.response_value, self.input_value
+    def response_view(self) -> memoryview:
+        """The response value's bytes as sent, without a copy (it keeps the body alive)."""
+        start, end = self.response_span
+        return memoryview(self.body)[start:end]
+
+    @property
+    def response_value(self) -> Any:
+        """The whole response, decoded on each access from its bytes (NaN and Infinity read)."""
+        return json_scan.decode_value(self.response_view())
+
+    @property
+    def spooled(self) -> bool:
+        """The body waits in a spool file; the echo's large values are ``FileSpan``s."""
+        return not self.body
+
+    def spool_out(self) -> None:
+        """Let go of the body, now copied to a spool file: large echoed values become spans of
+        that file, short ones (and ``instance_config``, which a masked row rewrites) are
+        copied. The request then holds no view of the body."""
+        echo = self.echo
+        members: list[tuple[bytes | memoryview, EchoValue]] = []
+        for index, (key, value) in enumerate(echo.members):
+            span = echo.spans[index] if index < len(echo.spans) else None
+            if isinstance(value, memoryview):
+                if (
+                    span is not None
+                    and len(value) >= SPOOLED_VALUE_MIN_BYTES
+                    and index != echo.instance_config
+                ):
+                    value = FileSpan(*span)
+                else:
+                    value = bytes(value)
+            members.append((bytes(key), value))
+        echo.members = members
+        self.body = b""
+
+    def take_scoring(self) -> tuple[Any, Any]:
+        """(scoring view of the response, prompt input); the request lets go of both, so this
+        can be called only once."""
+        response, input_value = self.response_scoring, self.input_value
         if response is _TAKEN:
             raise RuntimeError("the decoded response and input were already taken")
-        self.response_value = self.input_value = _TAKEN
+        self.response_scoring = self.input_value = _TAKEN
         return response, input_value
+
+    def take_decoded(self) -> tuple[Any, Any]:
+        """(the whole response decoded, prompt input); like ``take_scoring``, only once."""
+        _, input_value = self.take_scoring()
+        return self.response_value, input_value
 
 
 # What the decoded fields of a VerifyRequest hold once taken; no JSON value decodes to it.
@@ -153,7 +220,7 @@ class CompareRequest:
 def parse_verify_body(body: bytes, config: Config) -> VerifyRequest:
     """Validate a /verify body completely (W-4…W-13); ``BadRequest`` names the first problem."""
     body = bytes(body)  # a no-op for bytes; the echo holds views of exactly this object
-    by_key, members = _split(body, config, _VERIFY_DECODED)
+    by_key, members = _split(body, config, _VERIFY_DECODED, _VERIFY_DECODED_AS)
 
     params = _required(by_key, "responses_create_params", "an object").value
     if not isinstance(params, dict):
@@ -201,7 +268,8 @@ def parse_verify_body(body: bytes, config: Config) -> VerifyRequest:
         "_ng_task_index": task_index,
     }
     view = memoryview(body)
-    echoed: list[tuple[bytes | memoryview, bytes | memoryview]] = []
+    echoed: list[tuple[bytes | memoryview, EchoValue]] = []
+    spans: list[tuple[int, int] | None] = []
     instance_config = None
     for member in members:
         key = member.key
@@ -209,16 +277,19 @@ def parse_verify_body(body: bytes, config: Config) -> VerifyRequest:
             continue
         if key in coordinates:
             echoed.append((_COORDINATE_KEY_JSON[key], _coordinate_json(coordinates[key])))
+            spans.append(None)
             continue
         if key == "instance_config":
             instance_config = len(echoed)
         echoed.append(
             (view[member.key_start : member.key_end], view[member.value_start : member.value_end])
         )
+        spans.append((member.value_start, member.value_end))
     request_members = len(echoed)
     for key in COORDINATE_KEYS:
         if key not in by_key:
             echoed.append((_COORDINATE_KEY_JSON[key], _coordinate_json(coordinates[key])))
+            spans.append(None)
 
     return VerifyRequest(
         group_id=group_id,
@@ -232,9 +303,9 @@ def parse_verify_body(body: bytes, config: Config) -> VerifyRequest:
         baseline=baseline,
         body=body,
         response_span=(response.value_start, response.value_end),
-        response_value=response.value,
+        response_scoring=_scoring_view(response.value),
         response_may_hold_nan=not response.standard,
-        echo=RowEcho(echoed, request_members, instance_config),
+        echo=RowEcho(echoed, request_members, instance_config, spans),
     )
 
 
@@ -286,12 +357,15 @@ def parse_compare_body(body: bytes, config: Config) -> CompareRequest:
 
 
 def _split(
-    body: bytes, config: Config, decode: frozenset[str]
+    body: bytes,
+    config: Config,
+    decode: frozenset[str],
+    decode_as: Mapping[str, msgspec.json.Decoder[Any]] | None = None,
 ) -> tuple[dict[str, json_scan.Member], list[json_scan.Member]]:
     if len(body) > config.max_body_bytes:
         raise BadRequest(413, f"request body exceeds {config.max_body_bytes} bytes")
     try:
-        members = json_scan.split_object(body, decode=decode)
+        members = json_scan.split_object(body, decode=decode, decode_as=decode_as)
     except json_scan.JsonScanError as exc:
         raise BadRequest(400, f"invalid JSON body: {exc.reason}") from None
     by_key: dict[str, json_scan.Member] = {}
@@ -323,7 +397,39 @@ def _check_objects(items: list[Any], path: str) -> None:
             raise _invalid(f"{path}[{index}]: expected an object, got {_describe(item)}")
 
 
+class _ScoringItem(msgspec.Struct):
+    """An output item as far as its scoring texts go (S-1); other keys are validated, not kept."""
+
+    type: Any = None
+    summary: Any = None
+    content: Any = None
+
+
+class _ScoringResponse(msgspec.Struct):
+    """A response as far as its scoring texts go: it must be an object with an output array of
+    objects (anything else is decoded in full and reported by ``_check_response``)."""
+
+    output: list[_ScoringItem]
+
+
+_VERIFY_DECODED_AS: Final = {"response": msgspec.json.Decoder(_ScoringResponse)}
+
+
+def _scoring_view(value: Any) -> Any:
+    """The response shaped as ``extract_scoring_text`` reads it; a whole response is kept."""
+    if not isinstance(value, _ScoringResponse):
+        return value
+    return {
+        "output": [
+            {"type": item.type, "summary": item.summary, "content": item.content}
+            for item in value.output
+        ]
+    }
+
+
 def _check_response(value: Any, path: str) -> None:
+    if isinstance(value, _ScoringResponse):
+        return  # its type already says it is an object with an output array of objects
     if not isinstance(value, dict):
         raise _invalid(f"{path}: expected an object, got {_describe(value)}")
     if "output" not in value:
@@ -455,6 +561,13 @@ def render_scored_row(
     req: VerifyRequest, reward: float, metrics: Mapping[str, float] | None
 ) -> bytes:
     """W-20: the echo, then reward and the unmasked flags, then the five group metrics if given."""
+    return b"".join(_in_memory(scored_row_parts(req, reward, metrics)))
+
+
+def scored_row_parts(
+    req: VerifyRequest, reward: float, metrics: Mapping[str, float] | None
+) -> list[EchoValue]:
+    """The scored row in order, with the spans of a spooled body left to be read."""
     parts = _echo_parts(req.echo.members)
     parts.append(b'"reward":')
     parts.append(_number(reward))
@@ -464,10 +577,21 @@ def render_scored_row(
             parts.append(_METRIC_KEY_JSON[key])
             parts.append(_number(metrics[key]))
     parts.append(b"}")
-    return b"".join(parts)
+    return parts
 
 
 def render_masked_row(req: VerifyRequest, failure_text: str) -> bytes:
+    """W-30…W-32: the masked row (see ``masked_row_parts``)."""
+    return b"".join(_in_memory(masked_row_parts(req, failure_text)))
+
+
+def _in_memory(parts: list[EchoValue]) -> list[bytes | memoryview]:
+    if any(isinstance(part, FileSpan) for part in parts):
+        raise ValueError("the request's body waits in a spool file; stream its row instead")
+    return cast(list[bytes | memoryview], parts)
+
+
+def masked_row_parts(req: VerifyRequest, failure_text: str) -> list[EchoValue]:
     """W-30…W-32: the echo with ``instance_config`` masked, then the masked flags and text.
 
     An ``instance_config`` the request lacked goes after the echoed request keys and before the
@@ -480,6 +604,7 @@ def render_masked_row(req: VerifyRequest, failure_text: str) -> bytes:
         members.insert(echo.request_members, (_INSTANCE_CONFIG_KEY, _MASKED_INSTANCE_CONFIG))
     else:
         key, value = members[echo.instance_config]
+        assert not isinstance(value, FileSpan)  # spooling keeps it in memory
         members[echo.instance_config] = (key, _masked_instance_config(bytes(value)))
     text = _json_string(failure_text[:FAILURE_TEXT_MAX_CODE_POINTS])
     parts = _echo_parts(members)
@@ -488,7 +613,7 @@ def render_masked_row(req: VerifyRequest, failure_text: str) -> bytes:
     parts.append(b',"_ng_failure_class":"judge_failed","_ng_failure_judge_error":')
     parts.append(text)
     parts.append(b"}")
-    return b"".join(parts)
+    return parts
 
 
 def bound_failure_text(text: str, suffix: str = "") -> str:
@@ -552,8 +677,8 @@ def render_healthz(status: str, counts: Mapping[str, int]) -> bytes:
     )
 
 
-def _echo_parts(members: list[tuple[bytes | memoryview, bytes | memoryview]]) -> list[Any]:
-    parts: list[Any] = [b"{"]
+def _echo_parts(members: list[tuple[bytes | memoryview, EchoValue]]) -> list[EchoValue]:
+    parts: list[EchoValue] = [b"{"]
     for key, value in members:
         parts += (key, b":", value, b",")
     return parts

@@ -51,6 +51,7 @@ from genrm_trio.judge.requests import (
     judge_url,
     resolve_api_key,
 )
+from genrm_trio.judge.slots import JudgeSlots, Lane
 from genrm_trio.judge.transport import (
     ConnectTimedOut,
     JudgeEndpoint,
@@ -79,6 +80,9 @@ class JudgeTask:
     text_2: str  # response_2 as sent
     pair: tuple[int, int]  # presentation-order slots, for texts and logs
     judge_pass: int
+    # Where its attempts wait for a slot (``JudgeClient.slots``); None: a complete lane of its
+    # own, ranked by when the comparison started.
+    lane: Lane | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +119,7 @@ class JudgeClient:
         self._url = judge_url(config.judge_base_url, config.judge_api)
         self._api_key = resolve_api_key(config, os.environ)
         self._rng = rng if rng is not None else random.Random()
-        self._limiter = trio.CapacityLimiter(config.judge_max_concurrency)
+        self.slots = JudgeSlots(config.judge_max_concurrency)
         self._max_attempts = config.attempts_per_comparison
         self._max_output_tokens = max_output_tokens_text(config.genrm_responses_create_params)
         self._default = Verdict(config.default_score, config.default_score, config.default_ranking)
@@ -137,7 +141,7 @@ class JudgeClient:
     @property
     def in_flight(self) -> int:
         """Attempts holding a concurrency slot now (I-13)."""
-        return int(self._limiter.borrowed_tokens)
+        return self.slots.in_use
 
     @property
     def transport(self) -> JudgeTransport:
@@ -159,9 +163,13 @@ class JudgeClient:
 
         ``deadline`` is the absolute Trio time of the enclosing deadline, or a function giving
         it when it can still move; a retry sleep that would end after it is not taken (J-32).
-        The caller's own cancel scope bounds the call.
+        Every attempt waits for a slot in the task's lane. The caller's own cancel scope bounds
+        the call.
         """
         config = self._config
+        lane = task.lane
+        if lane is None:
+            lane = self.slots.lane(complete=True)
         body = encode_body(
             build_body(
                 config,
@@ -173,7 +181,7 @@ class JudgeClient:
         )
         outcomes: list[AttemptOutcome] = []
         while True:
-            outcome = await self._attempt(body)
+            outcome = await self._attempt(body, lane)
             outcomes.append(outcome)
             attempt = len(outcomes)
             if isinstance(outcome, ParseFailure) and outcome.exhausted:
@@ -244,16 +252,10 @@ class JudgeClient:
             verdict=conclusion.verdict, fallback=conclusion.fallback, attempts=attempts
         )
 
-    async def _attempt(self, body: bytes) -> AttemptOutcome:
+    async def _attempt(self, body: bytes, lane: Lane) -> AttemptOutcome:
         """One judge HTTP request, holding a concurrency slot for exactly its duration."""
         timeout = self._config.judge_request_timeout_s
-        borrower = object()
-        try:
-            # A free slot is taken at once (FIFO still holds: it is free only if nobody waits),
-            # so the request goes out in this scheduling round rather than the next.
-            self._limiter.acquire_on_behalf_of_nowait(borrower)
-        except trio.WouldBlock:
-            await self._limiter.acquire_on_behalf_of(borrower)
+        await self.slots.acquire(lane)
         try:
             self._attempts_total += 1
             # J-27: the deadline starts once the slot is held and covers the whole exchange;
@@ -267,7 +269,7 @@ class JudgeClient:
                     return transport_outcome(exc)
             return timeout_outcome(timeout)
         finally:
-            self._limiter.release_on_behalf_of(borrower)
+            self.slots.release()
 
     async def _exchange(self, body: bytes) -> AttemptOutcome:
         reply = await self._transport.send(body)

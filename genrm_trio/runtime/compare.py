@@ -77,6 +77,8 @@ async def run_compare(
     if config.compare_timeout_s is not None:
         deadline = trio.current_time() + config.compare_timeout_s
     failures: list[str] = []
+    # One lane for the whole batch: it is complete, and ranks by when the call started.
+    lane = judge.slots.lane(complete=True)
     with trio.move_on_at(deadline) as scope:
         async with trio.open_nursery() as nursery:
             for comparison in plan:
@@ -87,6 +89,7 @@ async def run_compare(
                     text_2=answers[comparison.second],
                     pair=(comparison.first, comparison.second),
                     judge_pass=comparison.judge_pass,
+                    lane=lane,
                 )
                 nursery.start_soon(
                     _judge_one, judge, comparison, task, deadline, verdicts, failures, nursery

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -18,7 +18,7 @@ import trio
 
 from genrm_trio.config import Config
 from genrm_trio.core import messages
-from genrm_trio.core.canonical import digest_hex, fingerprint_decoded
+from genrm_trio.core.canonical import digest_hex
 from genrm_trio.core.groups import (
     Answer,
     Arrival,
@@ -36,6 +36,7 @@ from genrm_trio.core.groups import (
     StartGroup,
     Statistics,
 )
+from genrm_trio.core.identity import ResponseIdentity
 from genrm_trio.core.pairs import Comparison, baseline_order_digest
 from genrm_trio.core.texts import (
     convert_history,
@@ -45,6 +46,7 @@ from genrm_trio.core.texts import (
 )
 from genrm_trio.core.verdicts import Verdict
 from genrm_trio.judge.client import JudgeClient, JudgeFailure, JudgeTask
+from genrm_trio.judge.slots import Lane
 from genrm_trio.judge.transport import TransportFactory
 from genrm_trio.runtime.hooks import Hooks, call_hook
 
@@ -62,26 +64,40 @@ class MemberRequest(Protocol):
     prompt_id: str | None
     principle: str | None
     baseline: str | None
-    response_may_hold_nan: bool
+    known_fingerprints: tuple[bytes, bytes] | None
 
-    def take_decoded(self) -> tuple[Any, Any]:
-        """(response, responses_create_params.input) as decoded, handed over once."""
+    def take_scoring(self) -> tuple[Any, Any]:
+        """(the response as far as its scoring texts go, responses_create_params.input) as
+        decoded, handed over once."""
+        ...
+
+    def response_view(self) -> memoryview:
+        """The response's bytes as sent."""
         ...
 
 
 @dataclass
 class Counters:
-    """How often the expensive per-request steps ran (SPEC C-23, C-31, C-32)."""
+    """How often the expensive per-request steps ran (SPEC C-23, C-31, C-32).
+
+    ``fingerprints`` counts response identities, one per valid group-mode request; the work
+    behind them is counted apart: SHA-256 digests of raw response bytes, and canonical
+    fingerprints (only for bytes that differ from a member's, or for what a finished group
+    keeps).
+    """
 
     fingerprints: int = 0
     extractions: int = 0
     conversions: int = 0
+    response_digests: int = 0
+    canonical_fingerprints: int = 0
 
 
 @dataclass(eq=False)
 class GroupHandle:
     """The runtime side of one record: its cancel scope, queued comparisons and results."""
 
+    lane: Lane  # the group's place in the judge queue, promoted once the group is full
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     ready: trio.Event = field(default_factory=trio.Event)  # the group is full
     wake: trio.Event = field(default_factory=trio.Event)  # comparisons were queued
@@ -156,8 +172,21 @@ class Engine:
 
     # ---- /verify -------------------------------------------------------------------------------
 
-    async def verify(self, request: MemberRequest) -> Outcome:
-        """Answer one validated /verify request: a scored or masked outcome, or a rejection."""
+    async def verify(
+        self,
+        request: MemberRequest,
+        *,
+        after_reply: list[Callable[[], None]] | None = None,
+        on_wait: Callable[[ResponseIdentity], None] | None = None,
+    ) -> Outcome:
+        """Answer one validated /verify request: a scored or masked outcome, or a rejection.
+
+        A request that waited may leave work for after its reply is written (keeping its
+        member's fingerprint for replays, C-34): appended to ``after_reply`` when given, for the
+        caller to run once the reply is out, else done before returning. ``on_wait`` is called,
+        synchronously, when the request starts waiting, with the identity that still holds a
+        view of its response's bytes.
+        """
         if self.closed:
             return Rejected(503, messages.SHUTTING_DOWN)
         if not self.config.group_mode:
@@ -166,10 +195,13 @@ class Engine:
             if not self._attempt_omission_logged:
                 self._attempt_omission_logged = True
                 log.info(messages.ATTEMPT_OMITTED)
-        # One decode serves validation, the fingerprint, the prompt digest and, for a new
-        # member, its compact texts; none of it is kept while the request waits (I-10).
-        response, input_value = request.take_decoded()
-        fingerprint = fingerprint_decoded(response, may_hold_nan=request.response_may_hold_nan)
+        # The validating pass decoded only what the prompt digest and the compact texts need;
+        # none of it is kept while the request waits (I-10). The response is known by its raw
+        # bytes; its canonical fingerprint is computed only when needed (C-24).
+        response, input_value = request.take_scoring()
+        identity = ResponseIdentity(
+            request.response_view(), self.counters, known=request.known_fingerprints
+        )
         self.counters.fingerprints += 1
         assert request.rollout_index is not None
         arrival = Arrival(
@@ -179,7 +211,7 @@ class Engine:
             task_index=request.task_index,
             prompt_id=request.prompt_id,
             digest=self._prompt_digest(request, input_value),
-            fingerprint=fingerprint,
+            fingerprint=identity,
             prepare=partial(self._prepare_member, request, response, input_value),
         )
         woken = trio.Event()
@@ -190,13 +222,21 @@ class Engine:
         reply = decision.reply
         if isinstance(reply, Answer):
             return reply.outcome
+        done = partial(self.registry.identity_done, reply.record, reply.slot, identity)
+        if on_wait is not None:
+            on_wait(identity)
         try:
             await woken.wait()
         except BaseException:
             # A disconnect removes only this request's waiter (C-51); the group goes on.
             self.registry.detach(reply.record, reply.slot, reply.waiter)
+            done()
             raise
         assert reply.waiter.outcome is not None
+        if after_reply is None:
+            done()
+        else:
+            after_reply.append(done)
         return reply.waiter.outcome
 
     def _prompt_digest(self, request: MemberRequest, input_value: Any) -> str:
@@ -232,7 +272,7 @@ class Engine:
         for effect in effects:
             record = effect.record
             if isinstance(effect, StartGroup):
-                record.handle = GroupHandle()
+                record.handle = GroupHandle(self.judge.slots.lane(complete=False))
                 self._spawn(self._run_group, record)
             elif isinstance(effect, StartComparisons):
                 record.handle.queued.extend(effect.comparisons)
@@ -242,6 +282,8 @@ class Engine:
                 handle.evaluation_deadline = (
                     trio.current_time() + self.config.cohort_evaluation_timeout_s
                 )
+                # Complete groups' comparisons go ahead of those of groups still collecting.
+                self.judge.slots.promote(handle.lane)
                 handle.ready.set()
                 handle.wake.set()
             elif isinstance(effect, CancelGroup) and record.handle is not None:
@@ -362,6 +404,7 @@ class Engine:
             text_2=text(comparison.second),
             pair=(comparison.first, comparison.second),
             judge_pass=comparison.judge_pass,
+            lane=record.handle.lane,
         )
 
     async def _compare(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import gc
 import logging
+import sys
 import weakref
 
 import pytest
@@ -74,10 +75,13 @@ async def test_cancelled_request_releases_its_body() -> None:
         body = member(0)
         body["response"]["id"] = marker
         body["response"]["generation_token_ids"] = list(range(10_000))
-        parsed = parse_verify_body(msgspec.json.encode(body), server.config)
+        data = msgspec.json.encode(body)
+        parsed = parse_verify_body(data, server.config)
         del body
         request_ref = weakref.ref(parsed)
-        assert live_responses() == 1
+        # The response is validated, not built: only its scoring view is decoded.
+        assert live_responses() == 0
+        held_by_request = sys.getrefcount(data)
 
         async with trio.open_nursery() as nursery:
             scope = trio.CancelScope()
@@ -93,6 +97,10 @@ async def test_cancelled_request_releases_its_body() -> None:
         gc.collect()
         assert request_ref() is None
         assert live_responses() == 0
+        # Nothing holds the body any more (the member's identity let go of its bytes), while
+        # the member keeps its compact texts.
+        assert sys.getrefcount(data) < held_by_request
+        assert server.engine.counters.canonical_fingerprints == 1
         record = server.engine.registry.explicit["g"]
         assert record.members[0].texts is not None
         replay = member(0)

@@ -86,3 +86,31 @@ async def test_duplicates_never_start_a_comparison_twice() -> None:
         )
         assert [r.reward for r in rows] == [3.0] * 6
         assert s.calls() == 4
+
+
+async def test_a_full_group_is_judged_before_groups_still_collecting(autojump_clock) -> None:
+    # One judge slot, 1 s per call. Group "busy" holds the slot with its early (0, 1); group
+    # "early" queues its own (0, 1) while still collecting; then group "full" arrives whole.
+    # The slot goes to "full" each time it comes free, so "full" is answered after its three
+    # calls (4 s), not after "early"'s call too (5 s, as a first-in first-out queue would).
+    async with running_server(
+        judge=FakeJudge(latency="fixed:1"),
+        num_rollouts_per_prompt=3,
+        judge_max_concurrency=1,
+        early_judging=True,
+        cohort_collection_timeout_s=60,
+        cohort_evaluation_timeout_s=60,
+    ) as s:
+        async with trio.open_nursery() as nursery:
+            for group in ("busy", "early"):
+                for slot in (0, 1):
+                    s.start_verify(nursery, member(slot, g=group))
+                    await trio.testing.wait_all_tasks_blocked()
+            start = trio.current_time()
+            replies = await s.verify_all([member(i, g="full") for i in range(3)])
+            assert [r.status for r in replies] == [200, 200, 200]
+            assert trio.current_time() - start == 4
+            # Only then does "early" get the slot for its one ready comparison.
+            await trio.sleep(0.5)
+            assert s.calls() == 1 + 3 + 1
+            nursery.cancel_scope.cancel()

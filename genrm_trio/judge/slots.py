@@ -1,0 +1,174 @@
+"""Judge concurrency slots granted by priority: complete groups first, then older groups (J-33).
+
+``SlotQueue`` is plain bookkeeping (a heap of waiting tickets) that never awaits; ``JudgeSlots``
+is the thin Trio wait on top of it, used by the judge client for every attempt.
+
+Every comparison waits for a slot in its group's *lane*. A lane ranks as ``(class, order)``:
+class 0 for a group whose every member has arrived (and for a ``/compare`` batch, which is
+complete by nature), class 1 for a group still collecting (early judging); ``order`` numbers
+lanes as they enter their class, so a collecting group ranks by when it started and a complete
+group by when it became complete. Waiting tickets are granted in rank order, and first come,
+first served within one lane. A lane that becomes complete moves its waiting tickets ahead of
+every collecting group's at once. Without early judging every lane is complete before its first
+comparison starts, so groups are served in the order they became complete, as by one first-in
+first-out queue.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Final
+
+import trio
+
+COMPLETE: Final = 0
+COLLECTING: Final = 1
+
+_WAITING: Final = 0
+_GRANTED: Final = 1
+_CANCELLED: Final = 2
+
+
+class Lane:
+    """One group's (or one ``/compare`` call's) place in the judge queue."""
+
+    __slots__ = ("rank", "waiting")
+
+    def __init__(self, rank: tuple[int, int]) -> None:
+        self.rank = rank
+        self.waiting: set[Ticket] = set()
+
+    @property
+    def complete(self) -> bool:
+        return self.rank[0] == COMPLETE
+
+
+class Ticket:
+    """One attempt waiting for a slot; ``wake`` is set by the Trio shell."""
+
+    __slots__ = ("lane", "number", "state", "wake")
+
+    def __init__(self, lane: Lane, number: int) -> None:
+        self.lane = lane
+        self.number = number
+        self.state = _WAITING
+        self.wake: trio.Event | None = None
+
+    @property
+    def granted(self) -> bool:
+        return self.state == _GRANTED
+
+
+class SlotQueue:
+    """At most ``capacity`` slots in use; waiting tickets granted in (lane rank, arrival) order.
+
+    Heap entries are ``(class, order, ticket number, ticket)``. Promoting a lane pushes fresh
+    entries for its waiting tickets; the entries left behind no longer match the lane's rank and
+    are dropped when they reach the top, as are the entries of cancelled tickets.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        self.in_use = 0
+        self.waiting = 0
+        self._heap: list[tuple[int, int, int, Ticket]] = []
+        self._numbers = itertools.count()
+        self._orders = itertools.count()
+
+    def lane(self, *, complete: bool) -> Lane:
+        """A new lane, ranked after every lane that entered the same class before it."""
+        return Lane((COMPLETE if complete else COLLECTING, next(self._orders)))
+
+    def promote(self, lane: Lane) -> None:
+        """The lane's group is complete: rank it after the groups that completed before it."""
+        if lane.complete:
+            return
+        lane.rank = (COMPLETE, next(self._orders))
+        for ticket in lane.waiting:
+            heapq.heappush(self._heap, (*lane.rank, ticket.number, ticket))
+
+    def try_acquire(self) -> bool:
+        """Take a free slot at once; only when nobody waits, so nothing is overtaken."""
+        if self.in_use < self.capacity and not self.waiting:
+            self.in_use += 1
+            return True
+        return False
+
+    def enqueue(self, lane: Lane) -> Ticket:
+        ticket = Ticket(lane, next(self._numbers))
+        lane.waiting.add(ticket)
+        self.waiting += 1
+        heapq.heappush(self._heap, (*lane.rank, ticket.number, ticket))
+        return ticket
+
+    def release(self) -> Ticket | None:
+        """Give a slot back; the ticket it now goes to, if any, must be woken."""
+        self.in_use -= 1
+        return self._grant()
+
+    def cancel(self, ticket: Ticket) -> Ticket | None:
+        """The ticket's holder stopped waiting; a slot granted meanwhile passes on."""
+        if ticket.state == _GRANTED:
+            ticket.state = _CANCELLED
+            return self.release()
+        if ticket.state == _WAITING:
+            ticket.state = _CANCELLED
+            ticket.lane.waiting.discard(ticket)
+            self.waiting -= 1
+        return None
+
+    def _grant(self) -> Ticket | None:
+        heap = self._heap
+        while heap and self.in_use < self.capacity:
+            group_class, order, _, ticket = heapq.heappop(heap)
+            if ticket.state != _WAITING or ticket.lane.rank != (group_class, order):
+                continue  # cancelled, or left behind by a promotion
+            ticket.state = _GRANTED
+            ticket.lane.waiting.discard(ticket)
+            self.waiting -= 1
+            self.in_use += 1
+            return ticket
+        return None
+
+
+class JudgeSlots:
+    """The Trio side of ``SlotQueue``: wait for a slot in a lane, give it back."""
+
+    def __init__(self, capacity: int) -> None:
+        self.queue = SlotQueue(capacity)
+
+    @property
+    def in_use(self) -> int:
+        return self.queue.in_use
+
+    def lane(self, *, complete: bool) -> Lane:
+        return self.queue.lane(complete=complete)
+
+    def promote(self, lane: Lane) -> None:
+        self.queue.promote(lane)
+
+    async def acquire(self, lane: Lane) -> None:
+        """Hold a slot on return; a free slot with nobody waiting is taken without a checkpoint,
+        so the request goes out in this scheduling round rather than the next."""
+        queue = self.queue
+        if queue.try_acquire():
+            return
+        ticket = queue.enqueue(lane)
+        ticket.wake = trio.Event()
+        try:
+            await ticket.wake.wait()
+        except BaseException:
+            # Cancelled while waiting, or after the grant but before running again.
+            _wake(queue.cancel(ticket))
+            raise
+
+    def release(self) -> None:
+        _wake(self.queue.release())
+
+
+def _wake(ticket: Ticket | None) -> None:
+    if ticket is not None and ticket.wake is not None:
+        ticket.wake.set()
