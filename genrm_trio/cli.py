@@ -1,4 +1,4 @@
-"""The `genrm-trio` console script: `serve`, `fake-judge` and `demo`.
+"""The `genrm-trio` console script: `serve`, `fake-judge`, `demo` and `fake-policy`.
 
 Logs go to stderr; stdout carries only the documented lines. Exit 0 success, 1 runtime failure,
 2 usage or configuration error.
@@ -20,7 +20,7 @@ import trio
 from genrm_trio import __version__
 from genrm_trio.config import Config, ConfigError, load_config
 from genrm_trio.logs import configure_logging, startup_lines
-from genrm_trio.testing import fake_judge_cli
+from genrm_trio.testing import fake_judge_cli, fake_policy_cli
 
 if TYPE_CHECKING:
     from hypercorn.config import Config as HypercornConfig
@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
         "--judge-api", choices=["chat_completions", "responses"], default="chat_completions"
     )
     demo.add_argument("--json", action="store_true", help="print the /verify rows as JSON")
+
+    policy = commands.add_parser("fake-policy", help="serve the built-in fake policy")
+    fake_policy_cli.add_arguments(policy)
     return parser
 
 
@@ -65,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve_command(args)
     if args.command == "fake-judge":
         return fake_judge_cli.run(args)
+    if args.command == "fake-policy":
+        return fake_policy_cli.run(args)
     from genrm_trio.demo import run_demo
 
     configure_logging("ERROR")
