@@ -1,4 +1,4 @@
-"""The `genrm-trio` console script: `serve`, `fake-judge`, `demo` and `fake-policy`.
+"""The `genrm-trio` console script: `serve`, `fake-judge`, `demo`, `collect` and `fake-policy`.
 
 Logs go to stderr; stdout carries only the documented lines. Exit 0 success, 1 runtime failure,
 2 usage or configuration error.
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from genrm_trio import __version__
+from genrm_trio.collect import command as collect_command
 from genrm_trio.config import Config, ConfigError, load_config
 from genrm_trio.logs import configure_logging, startup_lines
 from genrm_trio.testing import fake_judge_cli, fake_policy_cli
@@ -57,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--json", action="store_true", help="print the /verify rows as JSON")
 
+    collect = commands.add_parser("collect", help="generate, judge and write rollouts of tasks")
+    collect_command.add_arguments(collect)
+
     policy = commands.add_parser("fake-policy", help="serve the built-in fake policy")
     fake_policy_cli.add_arguments(policy)
     return parser
@@ -68,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve_command(args)
     if args.command == "fake-judge":
         return fake_judge_cli.run(args)
+    if args.command == "collect":
+        return collect_command.run(args)
     if args.command == "fake-policy":
         return fake_policy_cli.run(args)
     from genrm_trio.demo import run_demo
