@@ -13,7 +13,8 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from genrm_trio.collect.rows import (
     read_rows,
     read_tasks,
 )
-from genrm_trio.collect.runner import GroupRunner, RunCounts, Sinks, prometheus_total
+from genrm_trio.collect.runner import Clients, GroupRunner, RunCounts, Sinks, prometheus_total
 from genrm_trio.core.run_metrics import summarize_rows
 
 EXIT_OK = 0
@@ -216,26 +217,30 @@ class RunResult:
 
 
 async def _collect(args: argparse.Namespace, prepared: Prepared, total: int) -> RunResult:
-    # Every member of every group in flight waits on its own connection for the group's
-    # rewards: a pool smaller than K x N would leave members queued behind waiting groups.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with (
-        httpx.AsyncClient(timeout=None, trust_env=False, limits=limits) as policy_http,
-        httpx.AsyncClient(
-            base_url=args.server_url, timeout=None, trust_env=False, limits=limits
-        ) as server_http,
-    ):
-        before = await _judge_attempts(server_http)
-        policy = PolicyClient(
-            policy_http,
-            args.policy_url,
-            api=args.policy_api,
-            model=args.policy_model,
-            api_key=os.environ.get(API_KEY_ENV) or None,
-            retries=max(0, args.policy_retries),
-            timeout_s=args.policy_timeout,
-        )
-        output: Path = args.output
+    @asynccontextmanager
+    async def connect() -> AsyncIterator[Clients]:
+        # A group's N members each wait on their own connection for the group's rewards.
+        limits = httpx.Limits(max_connections=args.repeats, max_keepalive_connections=args.repeats)
+        async with (
+            httpx.AsyncClient(timeout=None, trust_env=False, limits=limits) as policy_http,
+            httpx.AsyncClient(
+                base_url=args.server_url, timeout=None, trust_env=False, limits=limits
+            ) as server_http,
+        ):
+            policy = PolicyClient(
+                policy_http,
+                args.policy_url,
+                api=args.policy_api,
+                model=args.policy_model,
+                api_key=os.environ.get(API_KEY_ENV) or None,
+                retries=max(0, args.policy_retries),
+                timeout_s=args.policy_timeout,
+            )
+            yield Clients(policy, server_http)
+
+    output: Path = args.output
+    async with httpx.AsyncClient(base_url=args.server_url, trust_env=False) as probe:
+        before = await _judge_attempts(probe)
         with (
             output.open("ab") as out_file,
             failures_path(output).open("ab") as fail_file,
@@ -243,15 +248,14 @@ async def _collect(args: argparse.Namespace, prepared: Prepared, total: int) -> 
             Progress(total, prepared.complete) as progress,
         ):
             runner = GroupRunner(
-                policy=policy,
-                server=server_http,
+                connect=connect,
                 size=args.repeats,
                 sinks=Sinks(out_file, fail_file, journal_file),
                 verify_timeout_s=args.verify_timeout,
                 on_group=progress.update,
             )
             await runner.run_all(prepared.plans, args.concurrency)
-        after = await _judge_attempts(server_http)
+        after = await _judge_attempts(probe)
     calls = after - before if after is not None and before is not None else None
     return RunResult(runner.counts, calls)
 
