@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from genrm_trio.collect.rows import read_rows
 from genrm_trio.core.aggregation import aggregate
 from genrm_trio.core.pairs import plan_comparisons
 from genrm_trio.core.texts import extract_scoring_text
@@ -65,9 +66,10 @@ def _tasks(count: int, outage: int | None = None) -> list[str]:
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
+    """The complete rows of a file that may be in the middle of a write."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [stored.row for stored in read_rows(path.read_bytes(), path.name)[0]]
 
 
 def _answer(row: dict[str, Any]) -> str:
