@@ -113,6 +113,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy-timeout", type=_seconds, default=600.0, help="seconds per generation attempt"
     )
     parser.add_argument(
+        "--wait-ready",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="wait this long for the server and the policy to answer before starting (default 30)",
+    )
+    parser.add_argument(
         "--verify-timeout",
         type=_seconds,
         default=3600.0,
@@ -125,13 +132,15 @@ class Prepared:
     plans: list[GroupPlan]
     complete: int
     dropped: int
+    # A fresh run's journal header, written once the server and the policy are ready.
+    header: bytes = b""
 
 
-def _new_run(tasks: Sequence[Task], journal: Path, repeats: int, source: Path) -> Prepared:
+def _new_run(tasks: Sequence[Task], repeats: int, source: Path) -> Prepared:
     run_id = uuid.uuid4().hex[:12]
     header = {"run_id": run_id, "repeats": repeats, "input": str(source)}
-    journal.write_bytes(encode_line(header))
-    return Prepared([GroupPlan(t, f"{run_id}-{t.index}", 0) for t in tasks], 0, 0)
+    plans = [GroupPlan(t, f"{run_id}-{t.index}", 0) for t in tasks]
+    return Prepared(plans, 0, 0, encode_line(header))
 
 
 def _read(path: Path, name: str) -> tuple[bytes, list[StoredRow], int]:
@@ -166,7 +175,7 @@ def prepare(
                 else f"it has no {journal.name}, so it was not written by genrm-trio collect"
             )
             raise UsageError(f"{existing[0]} already exists; {hint}")
-        return _new_run(tasks, journal, repeats, source)
+        return _new_run(tasks, repeats, source)
     journal_data, journal_rows, journal_good = _read(journal, journal.name)
     if not journal_rows or "run_id" not in journal_rows[0].row:
         raise UsageError(f"{journal} does not start with a run header; cannot resume")
@@ -196,6 +205,35 @@ def prepare(
             _rewrite(path, data, good, drop)
     _rewrite(journal, journal_data, journal_good, set())
     return Prepared(plan.todo, len(plan.complete), len(plan.dropped))
+
+
+class NotReady(Exception):
+    """The server or the policy did not answer in time; the message says which."""
+
+
+async def _wait_ready(args: argparse.Namespace) -> None:
+    """Wait until the server's /healthz answers 200 and the policy answers at all (services
+    started together come up in any order)."""
+    checks = [
+        ("server", f"{args.server_url.rstrip('/')}/healthz", lambda status: status == 200),
+        ("policy", f"{args.policy_url.rstrip('/')}/models", lambda status: status < 500),
+    ]
+    async with httpx.AsyncClient(trust_env=False) as client:
+        for name, url, ready in checks:
+            last = "no answer"
+            with trio.move_on_after(max(0.0, args.wait_ready)) as scope:
+                while True:
+                    try:
+                        with trio.move_on_after(5):
+                            reply = await client.get(url)
+                            if ready(reply.status_code):
+                                break
+                            last = f"status {reply.status_code}"
+                    except httpx.HTTPError as error:
+                        last = type(error).__name__
+                    await trio.sleep(0.25)
+            if scope.cancelled_caught:
+                raise NotReady(f"the {name} at {url} was not ready in {args.wait_ready}s: {last}")
 
 
 async def _judge_attempts(client: httpx.AsyncClient) -> float | None:
@@ -314,6 +352,13 @@ def run(args: argparse.Namespace) -> int:
     except (UsageError, ValueError, OSError) as error:
         print(f"genrm-trio collect: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        trio.run(_wait_ready, args)
+    except NotReady as error:
+        print(f"genrm-trio collect: error: {error}", file=sys.stderr)
+        return EXIT_INCOMPLETE
+    if prepared.header:
+        attempts_path(args.output).write_bytes(prepared.header)
     if prepared.dropped:
         print(
             f"genrm-trio collect: dropped {prepared.dropped} rows of group attempts that were "

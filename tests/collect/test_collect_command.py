@@ -24,7 +24,7 @@ def _collect(tmp_path: Path, *extra: str) -> int:
         [
             "collect", "--policy-url", UNREACHABLE, "--server-url", UNREACHABLE,
             "--input", str(tasks), "--output", str(tmp_path / "out.jsonl"), "--repeats", "2",
-            *extra,
+            "--wait-ready", "0", *extra,
         ]
     )  # fmt: skip
 
@@ -90,3 +90,13 @@ def test_resume_cuts_the_files_back_to_whole_groups(tmp_path: Path) -> None:
     journal = (tmp_path / "out_attempts.jsonl").read_bytes()
     assert journal.endswith(b"\n") and len(journal.splitlines()) == 3
     assert json.loads(journal.splitlines()[0]) == {"run_id": "r", "repeats": 2}
+
+
+def test_a_server_that_never_answers_stops_the_run_before_any_file(
+    tmp_path: Path, capsys: Any
+) -> None:
+    assert _collect(tmp_path, "--wait-ready", "0.3") == 1
+    assert "the server at http://127.0.0.1:9/healthz was not ready in 0.3s" in (
+        capsys.readouterr().err
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tasks.jsonl"]
