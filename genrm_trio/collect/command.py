@@ -2,7 +2,8 @@
 metrics file (SPEC X-5).
 
 Prints one summary line on stdout. Exit 0 when every task's group is complete, 1 when a task line
-was bad or a group is still incomplete (rerun with --resume), 2 for a usage error.
+was bad or a group is still incomplete (rerun with --resume), 2 for a usage error, 130 after
+Ctrl-C.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from genrm_trio.core.run_metrics import summarize_rows
 EXIT_OK = 0
 EXIT_INCOMPLETE = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 JUDGE_ATTEMPTS_SERIES = "genrm_judge_attempts_total"
 
 
@@ -365,7 +367,14 @@ def run(args: argparse.Namespace) -> int:
             "cut off; those groups are redone",
             file=sys.stderr,
         )
-    result = trio.run(_collect, args, prepared, len(tasks))
+    result: RunResult | None = None
+    try:
+        result = trio.run(_collect, args, prepared, len(tasks))
+    except* KeyboardInterrupt:
+        # Every finished group is already on disk; the ones in flight are redone on resume.
+        print("genrm-trio collect: interrupted; rerun with --resume to finish", file=sys.stderr)
+    if result is None:
+        return EXIT_INTERRUPTED
     metrics = _metrics(args, tasks, len(errors), result, time.monotonic() - started)
     target = metrics_path(args.output)
     temporary = target.with_name(target.name + ".tmp")
