@@ -271,3 +271,68 @@ def test_fake_policy_serves_until_sigterm(cli: Any) -> None:
     process.send_signal(signal.SIGTERM)
     assert process.wait() == 0
     assert time.monotonic() - start < 5
+
+
+def test_policy_failures_are_regenerated_whole_on_resume(cli: Any, tmp_path: Path) -> None:
+    rules = cli.write("rules.json", "[]")
+    _, judge_url = cli.start_fake_judge("--rules", str(rules))
+    policy = cli.start(
+        "fake-policy", "--port", "0", "--seed", "5", "--error-rate", "0.05",
+        "--latency", "uniform:0.2:0.4",
+    )  # fmt: skip
+    policy_url = policy.read_line().removeprefix("fake policy listening on ")
+    _, server_url, _ = cli.start_serve(
+        "--set", f"judge_base_url={judge_url}", "--set", "judge_model=fake-judge",
+        "--set", f"num_rollouts_per_prompt={N}",
+    )  # fmt: skip
+    count = 12
+    tasks = cli.write("tasks.jsonl", "\n".join(_tasks(count)) + "\n")
+    out = tmp_path / "out.jsonl"
+    args = [
+        "collect", "--policy-url", policy_url, "--server-url", server_url, "--repeats", str(N),
+        "--input", str(tasks), "--output", str(out), "--concurrency", "2",
+        "--policy-retries", "0",
+    ]  # fmt: skip
+    # Ctrl-C: the run stops, says how to finish, and leaves whole groups behind.
+    first = cli.start(*args)
+    cli.wait_until(lambda: len(_rows(out)) + len(_rows(tmp_path / "out_failures.jsonl")) >= N)
+    assert first.popen.poll() is None, "the run finished before it could be interrupted"
+    first.send_signal(signal.SIGINT)
+    assert first.wait() == 130, first.stderr()
+    assert "interrupted; rerun with --resume to finish" in first.stderr()
+
+    statuses = []
+    for _ in range(10):
+        statuses.append(cli.run(*args, "--resume", timeout=60).returncode)
+        if statuses[-1] == 0:
+            break
+    assert statuses[-1] == 0, statuses
+
+    failures = _rows(tmp_path / "out_failures.jsonl")
+    policy_failed = [r for r in failures if r["_ng_failure_class"] == "policy_failed"]
+    assert policy_failed, "the error rate never failed a group; the test proves nothing"
+    scored = _rows(out)
+    final = {r["_ng_task_index"]: r["_ng_group_attempt"] for r in scored}
+    assert sorted(final) == list(range(count))
+    for task in range(count):
+        group = [r for r in scored if r["_ng_task_index"] == task]
+        assert sorted(r["_ng_rollout_index"] for r in group) == list(range(N))
+        assert {r["_ng_group_attempt"] for r in group} == {final[task]}
+        # Each failed attempt left one row per member and came before the final attempt.
+        failed_attempts: dict[int, list[int]] = {}
+        for row in policy_failed:
+            if row["_ng_task_index"] == task:
+                failed_attempts.setdefault(row["_ng_group_attempt"], []).append(
+                    row["_ng_rollout_index"]
+                )
+        for attempt, slots in failed_attempts.items():
+            assert sorted(slots) == list(range(N))
+            assert attempt < final[task]
+    # A group the policy failed was never sent: the journal has no line for its attempt.
+    journaled = {(e["_ng_task_index"], e["_ng_group_attempt"]) for e in _rows(
+        tmp_path / "out_attempts.jsonl")[1:]}  # fmt: skip
+    assert not {(r["_ng_task_index"], r["_ng_group_attempt"]) for r in policy_failed} & journaled
+    metrics = json.loads((tmp_path / "out_metrics.json").read_text())
+    assert metrics["groups_complete"] == count
+    assert metrics["rows"] == count * N
+    assert metrics["earlier_attempt_failures_by_class"] == {"policy_failed": len(policy_failed)}
