@@ -11,7 +11,7 @@ attempt that is neither complete nor a whole failed attempt (a kill mid-write) a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -126,7 +126,7 @@ def plan_resume(
     size: int,
     rows: Iterable[StoredRow],
     journal: Iterable[tuple[int, str, int]],
-    new_group_id: Any,
+    new_group_id: Callable[[Task], str],
 ) -> ResumePlan:
     """The groups to run, the tasks already complete, and which stored rows to keep.
 
