@@ -34,6 +34,7 @@ from genrm_trio.collect.rows import (
     StoredRow,
     Task,
     attempts_path,
+    bookkeeping,
     encode_line,
     failures_path,
     metrics_path,
@@ -145,9 +146,11 @@ def _new_run(tasks: Sequence[Task], repeats: int, source: Path) -> Prepared:
     return Prepared(plans, 0, 0, encode_line(header))
 
 
-def _read(path: Path, name: str) -> tuple[bytes, list[StoredRow], int]:
+def _read(path: Path, name: str, *, whole: bool = False) -> tuple[bytes, list[StoredRow], int]:
+    """A file's bytes, its rows (only their bookkeeping part unless `whole`) and the length of
+    its complete lines."""
     data = path.read_bytes() if path.exists() else b""
-    rows, good = read_rows(data, name)
+    rows, good = read_rows(data, name, None if whole else bookkeeping)
     return data, rows, good
 
 
@@ -178,7 +181,7 @@ def prepare(
             )
             raise UsageError(f"{existing[0]} already exists; {hint}")
         return _new_run(tasks, repeats, source)
-    journal_data, journal_rows, journal_good = _read(journal, journal.name)
+    journal_data, journal_rows, journal_good = _read(journal, journal.name, whole=True)
     if not journal_rows or "run_id" not in journal_rows[0].row:
         raise UsageError(f"{journal} does not start with a run header; cannot resume")
     header = journal_rows[0].row

@@ -10,7 +10,7 @@ attempts may have reached the server.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,8 +169,32 @@ class StoredRow:
     row: dict[str, Any]
 
 
-def read_rows(data: bytes, file: str) -> tuple[list[StoredRow], int]:
-    """The rows of a JSON-lines file and the byte length of its complete lines.
+# What resuming and the metrics read from a stored row; the rest (token ids, log-probs, the
+# echoed task) is dropped as soon as a line is parsed, so memory follows the row count, not the
+# size of the files.
+_BOOKKEEPING_KEYS = (
+    *_MEMBER_KEYS,
+    "reward",
+    "mask_sample",
+    "failure_kind",
+    FAILURE_CLASS_KEY,
+)
+
+
+def bookkeeping(row: dict[str, Any]) -> dict[str, Any]:
+    """The part of a stored row that resuming and the metrics use. A failed attempt's row keeps
+    its `response`, which a resumed run sends again."""
+    kept = {key: row[key] for key in _BOOKKEEPING_KEYS if key in row}
+    if row.get(FAILURE_CLASS_KEY) in COLLECTOR_CLASSES and "response" in row:
+        kept["response"] = row["response"]
+    return kept
+
+
+def read_rows(
+    data: bytes, file: str, keep: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+) -> tuple[list[StoredRow], int]:
+    """The rows of a JSON-lines file (each passed through `keep`, when given) and the byte length
+    of its complete lines.
 
     Bytes after the last line break were cut by a kill mid-write: they are left out, and the
     length says where the file's good part ends. A complete line that is not a JSON object
@@ -189,5 +213,5 @@ def read_rows(data: bytes, file: str) -> tuple[list[StoredRow], int]:
             row = None
         if not isinstance(row, dict):
             raise ValueError(f"{file}:{number}: not a JSON object; the file is damaged")
-        rows.append(StoredRow(file, number, row))
+        rows.append(StoredRow(file, number, keep(row) if keep is not None else row))
     return rows, len(complete) + 1

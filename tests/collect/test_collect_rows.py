@@ -12,6 +12,7 @@ from genrm_trio.collect.rows import (
     StoredRow,
     Task,
     attempts_path,
+    bookkeeping,
     encode_line,
     failure_row,
     failures_path,
@@ -133,3 +134,23 @@ def test_a_line_cut_by_a_kill_is_left_out() -> None:
 def test_a_damaged_line_inside_the_file_is_an_error_naming_it() -> None:
     with pytest.raises(ValueError, match="out:2: not a JSON object"):
         read_rows(b'{"a":1}\n{"b":\n{"c":3}\n', "out")
+
+
+def test_only_the_bookkeeping_of_a_stored_row_is_kept_in_memory() -> None:
+    task = Task(0, 1, {"responses_create_params": PARAMS, "big": "x" * 1000})
+    body = member_body(task, "g", 1, 2, {"output": [], "logprobs": [0.0] * 100})
+    scored = {**body, "reward": 4.0, "mask_sample": False, "failure_kind": None}
+    kept = read_rows(encode_line(scored), "out", bookkeeping)[0][0].row
+    assert kept == {
+        "_ng_task_index": 0,
+        "_ng_group_id": "g",
+        "_ng_group_attempt": 1,
+        "_ng_rollout_index": 2,
+        "reward": 4.0,
+        "mask_sample": False,
+        "failure_kind": None,
+    }
+    # A failed attempt keeps its response: a resumed run sends it again.
+    failed = failure_row(body, "verify_failed", "lost")
+    assert bookkeeping(failed)["response"] == body["response"]
+    assert "big" not in bookkeeping(failed)
