@@ -136,6 +136,9 @@ class PolicyClient:
             except httpx.TransportError as error:
                 problem = exception_text(error)
                 continue
+            except httpx.HTTPError as error:
+                # Not a lost connection (a body that cannot be decoded, say): retrying won't help.
+                raise PolicyError(exception_text(error)) from None
             if reply.status_code in _RETRIED_STATUSES or reply.status_code >= 500:
                 problem = f"policy answered {reply.status_code}: {reply.text[:500]}"
                 continue

@@ -236,6 +236,8 @@ class GroupRunner:
                 # same member, or replays its result, without a second judge call (C-52, C-43).
                 problem = f"POST /verify failed: {exception_text(error)}"
                 continue
+            except httpx.HTTPError as error:
+                return MemberOutcome(problem=f"POST /verify failed: {exception_text(error)}")
             return self._interpret(reply)
         return MemberOutcome(problem=problem)
 
