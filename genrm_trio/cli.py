@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 import trio
 
 from genrm_trio import __version__
-from genrm_trio.collect import command as collect_command
 from genrm_trio.config import Config, ConfigError, load_config
 from genrm_trio.logs import configure_logging, startup_lines
 from genrm_trio.testing import fake_judge_cli, fake_policy_cli
@@ -30,6 +29,9 @@ log = logging.getLogger("genrm_trio")
 
 
 def _parser() -> argparse.ArgumentParser:
+    # The collector's own modules (and tqdm) load only when `collect` runs.
+    from genrm_trio.collect.arguments import add_arguments as add_collect_arguments
+
     parser = argparse.ArgumentParser(prog="genrm-trio", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"genrm-trio {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -59,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the /verify rows as JSON")
 
     collect = commands.add_parser("collect", help="generate, judge and write rollouts of tasks")
-    collect_command.add_arguments(collect)
+    add_collect_arguments(collect)
 
     policy = commands.add_parser("fake-policy", help="serve the built-in fake policy")
     fake_policy_cli.add_arguments(policy)
@@ -73,6 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "fake-judge":
         return fake_judge_cli.run(args)
     if args.command == "collect":
+        from genrm_trio.collect import command as collect_command
+
         return collect_command.run(args)
     if args.command == "fake-policy":
         return fake_policy_cli.run(args)

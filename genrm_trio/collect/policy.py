@@ -19,7 +19,6 @@ from genrm_trio.core.messages import exception_text
 from genrm_trio.core.texts import convert_history
 
 PolicyApi = Literal["responses", "chat_completions"]
-POLICY_APIS: tuple[PolicyApi, ...] = ("responses", "chat_completions")
 API_KEY_ENV = "GENRM_POLICY_API_KEY"
 
 _RETRIED_STATUSES = frozenset({408, 429})
