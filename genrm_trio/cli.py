@@ -1,4 +1,4 @@
-"""The `genrm-trio` console script: `serve`, `fake-judge` and `demo`.
+"""The `genrm-trio` console script: `serve`, `fake-judge`, `demo`, `collect` and `fake-policy`.
 
 Logs go to stderr; stdout carries only the documented lines. Exit 0 success, 1 runtime failure,
 2 usage or configuration error.
@@ -21,7 +21,7 @@ from genrm_trio import __version__
 from genrm_trio.config import Config, ConfigError
 from genrm_trio.gym_config import load_serve_config
 from genrm_trio.logs import configure_logging, startup_lines
-from genrm_trio.testing import fake_judge_cli
+from genrm_trio.testing import fake_judge_cli, fake_policy_cli
 
 if TYPE_CHECKING:
     from hypercorn.config import Config as HypercornConfig
@@ -30,6 +30,9 @@ log = logging.getLogger("genrm_trio")
 
 
 def _parser() -> argparse.ArgumentParser:
+    # The collector's own modules (and tqdm) load only when `collect` runs.
+    from genrm_trio.collect.arguments import add_arguments as add_collect_arguments
+
     parser = argparse.ArgumentParser(prog="genrm-trio", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"genrm-trio {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -59,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
         "--judge-api", choices=["chat_completions", "responses"], default="chat_completions"
     )
     demo.add_argument("--json", action="store_true", help="print the /verify rows as JSON")
+
+    collect = commands.add_parser("collect", help="generate, judge and write rollouts of tasks")
+    add_collect_arguments(collect)
+
+    policy = commands.add_parser("fake-policy", help="serve the built-in fake policy")
+    fake_policy_cli.add_arguments(policy)
     return parser
 
 
@@ -68,6 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve_command(args)
     if args.command == "fake-judge":
         return fake_judge_cli.run(args)
+    if args.command == "collect":
+        from genrm_trio.collect import command as collect_command
+
+        return collect_command.run(args)
+    if args.command == "fake-policy":
+        return fake_policy_cli.run(args)
     from genrm_trio.demo import run_demo
 
     configure_logging("ERROR")
