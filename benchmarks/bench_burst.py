@@ -182,13 +182,20 @@ class Result:
 
 
 async def burst(
-    url: str, bodies: list[tuple[int, int, bytes]], *, keep_alive: bool, result: Result
+    server: Child,
+    judge: Child,
+    bodies: list[tuple[int, int, bytes]],
+    *,
+    keep_alive: bool,
+    result: Result,
 ) -> None:
-    """Post every body at once and fill `result` with the replies and their latencies."""
+    """Post every body at once and fill `result` with the replies, their latencies and the CPU
+    each process spent meanwhile (keep-alive connections are opened before any of it counts)."""
     assert aiohttp is not None
     sent: dict[int, float] = {}
     done: dict[int, float] = {}
     group_of: dict[int, int] = {}
+    url = server.url.rstrip("/")
     async with agent_session(len(bodies), sent) as session:
         if keep_alive:
             # Open one connection per rollout before the clock starts.
@@ -218,6 +225,10 @@ async def burst(
             except Exception as exc:
                 result.errors[type(exc).__name__] += 1
 
+        reset_peak_rss(server.pid)
+        server_cpu = cpu_seconds(server.pid)
+        judge_cpu = cpu_seconds(judge.pid)
+        client_cpu = own_cpu_seconds()
         before = listen_counters()
         started = time.perf_counter()
         tasks = [
@@ -231,6 +242,10 @@ async def burst(
             result.errors["no reply within the run limit"] += len(pending)
         result.wall_s = time.perf_counter() - started
         after = listen_counters()
+        result.client_cpu_s = own_cpu_seconds() - client_cpu
+        result.server_cpu_s = cpu_seconds(server.pid) - server_cpu
+        result.judge_cpu_s = cpu_seconds(judge.pid) - judge_cpu
+        result.peak_rss = peak_rss_bytes(server.pid)
     result.overflows = after.get("ListenOverflows", 0) - before.get("ListenOverflows", 0)
     result.drops = after.get("ListenDrops", 0) - before.get("ListenDrops", 0)
     # A group's last member arrived when the last of its bodies was written (the server cannot
@@ -250,16 +265,7 @@ def run_one(judge: Child, rollouts: int, tokens: int, *, keep_alive: bool, tag: 
     bodies = step_bodies(rollouts, tokens, f"{tag}-{mode}")
     server = start_server(judge.url, GROUP_SIZE)
     try:
-        url = server.url.rstrip("/")
-        reset_peak_rss(server.pid)
-        server_cpu = cpu_seconds(server.pid)
-        judge_cpu = cpu_seconds(judge.pid)
-        client_cpu = own_cpu_seconds()
-        asyncio.run(burst(url, bodies, keep_alive=keep_alive, result=result))
-        result.client_cpu_s = own_cpu_seconds() - client_cpu
-        result.server_cpu_s = cpu_seconds(server.pid) - server_cpu
-        result.judge_cpu_s = cpu_seconds(judge.pid) - judge_cpu
-        result.peak_rss = peak_rss_bytes(server.pid)
+        asyncio.run(burst(server, judge, bodies, keep_alive=keep_alive, result=result))
     finally:
         server.stop()
     return result
