@@ -25,6 +25,7 @@ generator's own CPU per /verify.
                                                 # 1,024 of 16k and of 64k tokens
     python benchmarks/bench_burst.py --short    # 256 rollouts of 1k tokens
     python benchmarks/bench_burst.py --runs 8192x1024
+    python benchmarks/bench_burst.py --runs 4096x1024 --baseline-source DIR   # another tree too
 
 Needs aiohttp: `pip install -e '.[bench]'`.
 """
@@ -259,11 +260,19 @@ async def burst(
     ]
 
 
-def run_one(judge: Child, rollouts: int, tokens: int, *, keep_alive: bool, tag: str) -> Result:
-    mode = "keep-alive" if keep_alive else "fresh"
+def run_one(
+    judge: Child,
+    rollouts: int,
+    tokens: int,
+    *,
+    keep_alive: bool,
+    tag: str,
+    source: str | None = None,
+) -> Result:
+    mode = ("keep-alive" if keep_alive else "fresh") + (" (baseline)" if source else "")
     result = Result(mode, rollouts, tokens)
-    bodies = step_bodies(rollouts, tokens, f"{tag}-{mode}")
-    server = start_server(judge.url, GROUP_SIZE)
+    bodies = step_bodies(rollouts, tokens, f"{tag}-{mode.split()[0]}-{bool(source)}")
+    server = start_server(judge.url, GROUP_SIZE, source=source)
     try:
         asyncio.run(burst(server, judge, bodies, keep_alive=keep_alive, result=result))
     finally:
@@ -335,6 +344,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="ROLLOUTSxTOKENS",
         help="a step size and body size to run (repeatable), e.g. 8192x1024",
     )
+    args_parser.add_argument(
+        "--baseline-source",
+        metavar="DIR",
+        help="also run each fresh-connection burst against the server of another source tree",
+    )
     args = args_parser.parse_args(argv)
     if aiohttp is None:
         print("bench_burst needs aiohttp: pip install -e '.[bench]'", file=sys.stderr)
@@ -345,6 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"load generator: aiohttp {aiohttp.__version__}, open-file limit {limit}")
     judge = start_fake_judge()
     results: list[tuple[Result, Result]] = []
+    baselines: list[Result] = []
     try:
         for number, (rollouts, tokens) in enumerate(runs):
             pair = []
@@ -353,10 +368,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(table(HEADERS, [row(result)]).splitlines()[-1], flush=True)
                 pair.append(result)
             results.append((pair[0], pair[1]))
+            if args.baseline_source:
+                result = run_one(
+                    judge,
+                    rollouts,
+                    tokens,
+                    keep_alive=False,
+                    tag=f"r{number}",
+                    source=args.baseline_source,
+                )
+                print(table(HEADERS, [row(result)]).splitlines()[-1], flush=True)
+                baselines.append(result)
     finally:
         judge.stop()
     print()
-    print(table(HEADERS, [row(result) for pair in results for result in pair]))
+    print(
+        table(
+            HEADERS,
+            [row(result) for pair in results for result in pair]
+            + [row(result) for result in baselines],
+        )
+    )
     print()
     for kept, fresh in results:
         print(
