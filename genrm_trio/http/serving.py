@@ -210,11 +210,12 @@ async def serve_app(
     lifespan_state: LifespanState = {}
     lifespan = Lifespan(asgi, settings, lifespan_state)
     context = WorkerContext(None)
-    state = ConnectionState(lifespan_state.copy())
 
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
+        # What the app put in the lifespan state at startup, shared by every connection.
+        state = ConnectionState(lifespan_state.copy())
 
         async with trio.open_nursery() as handlers:
             sockets = settings.create_sockets().insecure_sockets

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
+import socket
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import trio
+import trio.testing
 
-from genrm_trio.http.serving import ConnectionGate, over_limit_reply
+from genrm_trio.http.serving import ConnectionGate, _accept_loop, over_limit_reply
 
 
 class Lines(logging.Handler):
@@ -86,4 +91,48 @@ def test_running_out_of_descriptors_is_logged_once_and_its_end_too(lines: Lines)
     assert messages[0].startswith(
         "ERROR out of file descriptors: accept failed with EMFILE (Too many open files)"
     )
+    assert messages[1].startswith("WARNING accepting connections again after ")
+
+
+class RunsOutOnce(socket.socket):
+    """A listening socket whose first accept fails as if the process had no descriptor left."""
+
+    failed = False
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        if not self.failed:
+            self.failed = True
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return super().accept()
+
+
+async def test_the_accept_loop_waits_out_descriptor_exhaustion_and_then_serves(
+    lines: Lines, autojump_clock: trio.testing.MockClock
+) -> None:
+    listener = RunsOutOnce()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    port = listener.getsockname()[1]
+    gate = ConnectionGate(capacity=4, open_file_limit=256, rejecting_slots=2)
+    served: list[bytes] = []
+    done = trio.Event()
+
+    async def handle(stream: trio.SocketStream) -> None:
+        served.append(await stream.receive_some(100))
+        gate.closed(admitted=True)
+        await stream.aclose()
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_accept_loop, listener, gate, handle, nursery)
+        client = await trio.open_tcp_stream("127.0.0.1", port)
+        await client.send_all(b"hello")
+        await done.wait()
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+
+    assert served == [b"hello"]
+    assert listener.fileno() == -1  # closed when the loop ends
+    messages = lines.messages()
+    assert messages[0].startswith("ERROR out of file descriptors: accept failed with EMFILE")
     assert messages[1].startswith("WARNING accepting connections again after ")
