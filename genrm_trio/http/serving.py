@@ -36,9 +36,11 @@ from genrm_trio.http.wire import error_body
 log = logging.getLogger("genrm_trio")
 
 # One wake-up of the accept loop takes at most this many connections before letting the
-# handlers it started run; large enough to empty a burst's queue quickly, small enough that
-# reading requests is not starved meanwhile.
-ACCEPT_BATCH = 256
+# handlers it started run. With thousands of connection tasks runnable, one pass of the
+# scheduler takes long enough for a fast client to refill the queue, so each wake-up may empty
+# the default backlog whole (accepting one costs tens of microseconds). With 256, one burst of
+# 8,192 in bench_burst.py saw 8 listen-queue overflows; with 4,096, none so far.
+ACCEPT_BATCH = 4096
 # accept(2) errors meaning the process or the system is out of descriptors or memory: waiting is
 # the only remedy, and the connection stays in the listen queue meanwhile.
 OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
