@@ -38,8 +38,8 @@ log = logging.getLogger("genrm_trio")
 # One wake-up of the accept loop takes at most this many connections before letting the
 # handlers it started run. With thousands of connection tasks runnable, one pass of the
 # scheduler takes long enough for a fast client to refill the queue, so each wake-up may empty
-# the default backlog whole (accepting one costs tens of microseconds). With 256, one burst of
-# 8,192 in bench_burst.py saw 8 listen-queue overflows; with 4,096, none so far.
+# the default backlog whole (accepting one costs tens of microseconds). With 256, one of two
+# bursts of 8,192 in bench_burst.py saw 8 listen-queue overflows; with 4,096, none in two.
 ACCEPT_BATCH = 4096
 # accept(2) errors meaning the process or the system is out of descriptors or memory: waiting is
 # the only remedy, and the connection stays in the listen queue meanwhile.
