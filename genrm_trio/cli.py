@@ -7,7 +7,6 @@ Logs go to stderr; stdout carries only the documented lines. Exit 0 success, 1 r
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import signal
@@ -21,6 +20,12 @@ from genrm_trio import __version__
 from genrm_trio.config import Config, ConfigError
 from genrm_trio.gym_config import load_serve_config
 from genrm_trio.logs import configure_logging, startup_lines
+from genrm_trio.process_tuning import (
+    REJECTING_CONNECTIONS,
+    prepare_collector,
+    set_socket_read_size,
+    tune_for_serving,
+)
 from genrm_trio.testing import fake_judge_cli, fake_policy_cli
 
 if TYPE_CHECKING:
@@ -130,59 +135,53 @@ def run_serve(config: Config, notes: Sequence[str] = ()) -> int:
     return 0
 
 
-# A server holds thousands of requests in flight, each with a few hundred tracked objects (tasks,
-# frames, cancel scopes). At Python's default threshold (700) the collector ran every few requests
-# and kept walking that population: about 40% of the CPU of a /verify under load (see
-# docs/performance.md). Cyclic garbage still goes, only in larger batches.
-GC_THRESHOLDS = (50_000, 20, 10)
-
-
-def prepare_collector() -> None:
-    """Garbage-collector settings for a long-running server process.
-
-    Everything alive at start-up (modules, the app) is frozen out of every later collection, and
-    young collections run every 50,000 net allocations instead of 700.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-
-
-# hypercorn reads a socket in chunks of up to MAX_RECV bytes and keeps the last chunk referenced
-# while it waits for the next read, so every connection with a request waiting holds up to one
-# chunk besides the body the reply must echo, and bigger chunks leave bigger holes in the heap.
-# Halving hypercorn's 64 KiB took 2,048 waiting answers of 491 KiB from 1.26 to 1.15 GiB for
-# about 10% more CPU per such body (16 KiB: another 20%); bodies under 32 KiB are read as before
-# (docs/performance.md, "Memory").
-SOCKET_READ_BYTES = 32 * 1024
-
-
-def hypercorn_settings(config: Config) -> HypercornConfig:
+def hypercorn_settings(config: Config, *, backlog: int | None = None) -> HypercornConfig:
     """hypercorn's settings for `serve`; the HTTP benchmark's echo ceiling uses them too.
 
     Also sets hypercorn's socket read size, which is a module constant rather than a setting.
     """
-    import hypercorn.trio.tcp_server
     from hypercorn.config import Config as HypercornConfig
 
-    hypercorn.trio.tcp_server.MAX_RECV = SOCKET_READ_BYTES
-
+    set_socket_read_size()
     settings = HypercornConfig()
     settings.bind = [f"{config.host}:{config.port}"]
-    settings.graceful_timeout = config.shutdown_grace_s
     settings.accesslog = None
     settings.errorlog = None
+    # A trainer posts a whole step on fresh connections at once; connections the kernel cannot
+    # queue are dropped and retried by the client a second or more later (listen_backlog).
+    settings.backlog = config.listen_backlog if backlog is None else backlog
+    # Handlers still running at shutdown get this long; waiting groups were failed first.
+    settings.graceful_timeout = config.shutdown_grace_s
+    # Applies between requests on a connection and before its first request. It must outlast
+    # the clients' own idle expiry (aiohttp in NeMo Gym's agent: 15 s, httpx: 5 s): a server
+    # closing first races the client's next POST on that connection, which then fails. Not
+    # much longer, because an idle connection still holds a descriptor under the connection cap.
+    settings.keep_alive_timeout = 30.0
+    # A /verify waits for its group for seconds to minutes with nothing more to read; hypercorn
+    # applies read_timeout to every read, so any value would cut waiting requests off.
+    settings.read_timeout = None
+    # The limit on a request's head (request line and headers; bodies are streamed). Trainer
+    # heads are a few hundred bytes; 16 KiB keeps a client's oversized head from holding memory.
+    settings.h11_max_incomplete_size = 16 * 1024
+    # Keep-alive clients get `connection: close` after this many requests and reconnect; high
+    # enough that reconnecting costs nothing measurable.
+    settings.keep_alive_max_requests = 1000
     return settings
 
 
 async def serve(config: Config) -> None:
     """Serve until SIGINT/SIGTERM, then shut down gracefully (CL-4)."""
-    from hypercorn.trio import serve as hypercorn_serve
-
     from genrm_trio.http.app import create_app
+    from genrm_trio.http.serving import ConnectionGate, serve_app
 
+    tuning = tune_for_serving(config.listen_backlog, config.judge_max_concurrency)
+    for line in tuning.lines:
+        log.info(line)
+    for line in tuning.warnings:
+        log.warning(line)
     app = create_app(config)
-    settings = hypercorn_settings(config)
+    settings = hypercorn_settings(config, backlog=tuning.backlog)
+    gate = ConnectionGate(tuning.files.connections, tuning.files.soft, REJECTING_CONNECTIONS)
     prepare_collector()
     stop = trio.Event()
 
@@ -205,9 +204,10 @@ async def serve(config: Config) -> None:
                     )
 
         async def run_server(task_status: trio.TaskStatus[list[str]]) -> None:
-            await hypercorn_serve(
+            await serve_app(
                 app,
                 settings,
+                gate,
                 shutdown_trigger=stop.wait,
                 task_status=task_status,
             )

@@ -47,6 +47,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     judge_model: str
     host: str = "127.0.0.1"
     port: int = 8000
+    listen_backlog: int = 4096
     judge_api: JudgeApi = "chat_completions"
     judge_api_key: str | None = None
     judge_max_concurrency: int = 256
@@ -362,6 +363,7 @@ def _check_sampling(value: Any) -> tuple[dict[str, Any] | None, list[str]]:
 _CHECKS: dict[str, _Check] = {
     "host": _non_empty_text,
     "port": _integer(0, 65535),
+    "listen_backlog": _integer(1),
     "judge_base_url": _judge_base_url,
     "judge_model": _non_empty_text,
     "judge_api": _choice(JudgeApi),

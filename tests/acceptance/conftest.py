@@ -158,8 +158,13 @@ class Cli:
             check=False,
         )
 
-    def start(self, *args: str, env: Mapping[str, str] | None = None) -> CliProcess:
-        """Start `genrm-trio <args>` in the background."""
+    def start(
+        self,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        preexec_fn: Callable[[], object] | None = None,
+    ) -> CliProcess:
+        """Start `genrm-trio <args>` in the background; `preexec_fn` runs in the child first."""
         popen = subprocess.Popen(
             genrm_command(*args),
             stdin=subprocess.DEVNULL,
@@ -167,6 +172,7 @@ class Cli:
             stderr=subprocess.PIPE,
             text=True,
             env=self.env(env),
+            preexec_fn=preexec_fn,
         )
         process = CliProcess(popen)
         self.processes.append(process)
@@ -181,10 +187,13 @@ class Cli:
         return process, line.removeprefix(prefix)
 
     def start_serve(
-        self, *args: str, env: Mapping[str, str] | None = None
+        self,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        preexec_fn: Callable[[], object] | None = None,
     ) -> tuple[CliProcess, str, str]:
         """`genrm-trio serve --port 0 <args>`; returns the process, its URL and its ready line."""
-        process = self.start("serve", "--port", "0", *args, env=env)
+        process = self.start("serve", "--port", "0", *args, env=env, preexec_fn=preexec_fn)
         line = process.read_line()
         prefix = "genrm-trio listening on "
         assert line.startswith(prefix), line

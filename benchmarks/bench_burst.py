@@ -1,0 +1,412 @@
+"""Benchmark a trainer's burst: a whole step of /verify posted at once on fresh connections, against
+the same step over keep-alive connections opened beforehand, measured in the same run.
+
+The client behaves like NeMo Gym's agent: an aiohttp session (`ClientSession` with a
+`TCPConnector` whose limit covers the whole step, a 15 s keep-alive expiry, TCP keep-alive on
+every socket, no timeout, no cookies) and one task per rollout, all started at once. Fresh: a new
+session per run, so every rollout opens its own connection. Keep-alive: the session first opens
+as many connections as the step has rollouts (one GET /healthz each) before the clock starts.
+
+Caveat: a 2-core machine. The server under test (`genrm-trio serve`, one Trio thread), the fake
+judge (zero latency) and this script, the load generator, share the two cores, so the rate
+includes the judge's and the load generator's CPU competing with the server's; each one's CPU is
+reported on its own. Listen-queue overflows are the kernel's machine-wide counters
+(TcpExtListenOverflows and TcpExtListenDrops in /proc/net/netstat) before and after each run:
+another program overflowing a listen queue at the same time would show up here too. Compare
+fresh against keep-alive within a run rather than absolute figures across runs.
+
+Per run: rollouts answered 200 with a reward, errors by kind (exception class or HTTP status,
+and masked rows), overflows, /verify per s (the step's rollouts over the time from the first
+post to the last reply), the p50 and p99 of each reply's latency after its group's last member
+was sent, server CPU per /verify (/proc/<pid>/stat), the server's peak RSS (VmHWM) and the load
+generator's own CPU per /verify.
+
+    python benchmarks/bench_burst.py            # 1,024 / 4,096 / 8,192 rollouts of 1k tokens,
+                                                # 1,024 of 16k and of 64k tokens
+    python benchmarks/bench_burst.py --short    # 256 rollouts of 1k tokens
+    python benchmarks/bench_burst.py --runs 8192x1024
+    python benchmarks/bench_burst.py --runs 4096x1024 --baseline-source DIR   # another tree too
+
+Needs aiohttp: `pip install -e '.[bench]'`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import socket
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from _common import (
+    BodyShape,
+    Child,
+    cpu_seconds,
+    machine_line,
+    mib,
+    own_cpu_seconds,
+    parser,
+    peak_rss_bytes,
+    reset_peak_rss,
+    start_fake_judge,
+    start_server,
+    table,
+    verify_body,
+)
+
+try:
+    import aiohttp
+except ImportError:  # pragma: no cover - reported to the user
+    aiohttp = None
+
+GROUP_SIZE = 16
+PROMPT_TOKENS = 512
+# The goal (docs/performance.md): at 8,192 fresh connections, zero errors, zero overflows and at
+# least this many /verify per s.
+GOAL_ROLLOUTS = 8192
+GOAL_RATE = 600.0
+# Only a hung run is cut off: a burst that does not finish in this long is reported, not waited.
+RUN_LIMIT_S = 600.0
+_PLACEHOLDER = "GROUP-PLACEHOLDER"
+FULL_RUNS = ((1024, 1024), (4096, 1024), (8192, 1024), (1024, 16384), (1024, 65536))
+SHORT_RUNS = ((256, 1024),)
+
+
+# ---- the machine ---------------------------------------------------------------------------
+
+
+def listen_counters() -> dict[str, int]:
+    """TcpExt ListenOverflows and ListenDrops from /proc/net/netstat (machine-wide)."""
+    with open("/proc/net/netstat", encoding="ascii") as netstat:
+        lines = netstat.read().splitlines()
+    counters: dict[str, int] = {}
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        if names.startswith("TcpExt:"):
+            for name, value in zip(names.split()[1:], values.split()[1:], strict=True):
+                if name in ("ListenOverflows", "ListenDrops"):
+                    counters[name] = int(value)
+    return counters
+
+
+def raise_own_file_limit() -> int:
+    """Thousands of client sockets at once: the load generator needs its soft limit raised."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return hard
+    return soft
+
+
+def keepalive_socket(addr_info: Any) -> socket.socket:
+    """Sockets as NeMo Gym's agent makes them: TCP keep-alive probes on every connection."""
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 5)):
+        option = getattr(socket, name, None)
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+    return sock
+
+
+def agent_session(limit: int, sent: dict[int, float]) -> Any:
+    """A session as NeMo Gym's agent opens one; `sent` gets the moment each request's body was
+    handed to the connection (keyed by the request's `trace_request_ctx`)."""
+    assert aiohttp is not None
+
+    async def chunk_sent(_session: Any, context: Any, _params: Any) -> None:
+        index = context.trace_request_ctx
+        if index is not None:
+            sent[index] = time.perf_counter()
+
+    tracing = aiohttp.TraceConfig()
+    tracing.on_request_chunk_sent.append(chunk_sent)
+    connector = aiohttp.TCPConnector(
+        limit=limit,
+        limit_per_host=limit,
+        keepalive_timeout=15.0,
+        socket_factory=keepalive_socket,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trace_configs=[tracing],
+    )
+
+
+# ---- bodies --------------------------------------------------------------------------------
+
+
+def step_bodies(rollouts: int, tokens: int, run: str) -> list[tuple[int, int, bytes]]:
+    """(group, slot, body) for a whole step: 16 members per group, each group's own id."""
+    shape = BodyShape(generated_tokens=tokens, prompt_tokens=PROMPT_TOKENS)
+    templates = [
+        verify_body(shape, seed=0, group_id=_PLACEHOLDER, slot=slot).split(_PLACEHOLDER.encode())
+        for slot in range(GROUP_SIZE)
+    ]
+    bodies = []
+    for group in range(rollouts // GROUP_SIZE):
+        gid = f"{run}-{group:05d}".encode()
+        for slot in range(GROUP_SIZE):
+            bodies.append((group, slot, gid.join(templates[slot])))
+    return bodies
+
+
+# ---- one run -------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    mode: str
+    rollouts: int
+    tokens: int
+    ok: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    overflows: int = 0
+    drops: int = 0
+    wall_s: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    server_cpu_s: float = 0.0
+    judge_cpu_s: float = 0.0
+    client_cpu_s: float = 0.0
+    peak_rss: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.rollouts / self.wall_s if self.wall_s > 0 else 0.0
+
+
+async def burst(
+    server: Child,
+    judge: Child,
+    bodies: list[tuple[int, int, bytes]],
+    *,
+    keep_alive: bool,
+    result: Result,
+) -> None:
+    """Post every body at once and fill `result` with the replies, their latencies and the CPU
+    each process spent meanwhile (keep-alive connections are opened before any of it counts)."""
+    assert aiohttp is not None
+    sent: dict[int, float] = {}
+    done: dict[int, float] = {}
+    group_of: dict[int, int] = {}
+    url = server.url.rstrip("/")
+    async with agent_session(len(bodies), sent) as session:
+        if keep_alive:
+            # Open one connection per rollout before the clock starts.
+            async def warm() -> None:
+                async with session.get(f"{url}/healthz") as reply:
+                    await reply.read()
+
+            await asyncio.gather(*(warm() for _ in bodies))
+
+        async def post(index: int, group: int, payload: bytes) -> None:
+            group_of[index] = group
+            try:
+                async with session.post(
+                    f"{url}/verify",
+                    data=payload,
+                    headers={"content-type": "application/json"},
+                    trace_request_ctx=index,
+                ) as reply:
+                    text = await reply.read()
+                    done[index] = time.perf_counter()
+                    if reply.status != 200:
+                        result.errors[f"HTTP {reply.status}"] += 1
+                    elif b'"mask_sample":false' not in text:
+                        result.errors["masked row"] += 1
+                    else:
+                        result.ok += 1
+            except Exception as exc:
+                result.errors[type(exc).__name__] += 1
+
+        reset_peak_rss(server.pid)
+        server_cpu = cpu_seconds(server.pid)
+        judge_cpu = cpu_seconds(judge.pid)
+        client_cpu = own_cpu_seconds()
+        before = listen_counters()
+        started = time.perf_counter()
+        tasks = [
+            asyncio.create_task(post(index, group, payload))
+            for index, (group, _, payload) in enumerate(bodies)
+        ]
+        _, pending = await asyncio.wait(tasks, timeout=RUN_LIMIT_S)
+        for task in pending:
+            task.cancel()
+        if pending:
+            result.errors["no reply within the run limit"] += len(pending)
+        result.wall_s = time.perf_counter() - started
+        after = listen_counters()
+        result.client_cpu_s = own_cpu_seconds() - client_cpu
+        result.server_cpu_s = cpu_seconds(server.pid) - server_cpu
+        result.judge_cpu_s = cpu_seconds(judge.pid) - judge_cpu
+        result.peak_rss = peak_rss_bytes(server.pid)
+    result.overflows = after.get("ListenOverflows", 0) - before.get("ListenOverflows", 0)
+    result.drops = after.get("ListenDrops", 0) - before.get("ListenDrops", 0)
+    # A group's last member arrived when the last of its bodies was written (the server cannot
+    # answer any member before that); each reply's latency is counted from there.
+    group_sent: dict[int, float] = {}
+    for index, moment in sent.items():
+        group = group_of[index]
+        group_sent[group] = max(group_sent.get(group, moment), moment)
+    result.latencies = [
+        done[i] - group_sent[group_of[i]] for i in done if group_of[i] in group_sent
+    ]
+
+
+def run_one(
+    judge: Child,
+    rollouts: int,
+    tokens: int,
+    *,
+    keep_alive: bool,
+    tag: str,
+    source: str | None = None,
+) -> Result:
+    mode = ("keep-alive" if keep_alive else "fresh") + (" (baseline)" if source else "")
+    result = Result(mode, rollouts, tokens)
+    bodies = step_bodies(rollouts, tokens, f"{tag}-{mode.split()[0]}-{bool(source)}")
+    server = start_server(judge.url, GROUP_SIZE, source=source)
+    try:
+        asyncio.run(burst(server, judge, bodies, keep_alive=keep_alive, result=result))
+    finally:
+        server.stop()
+    return result
+
+
+# ---- report --------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def row(result: Result) -> list[str]:
+    errors = ", ".join(f"{kind}: {count}" for kind, count in result.errors.most_common()) or "0"
+    per = 1e3 / max(result.rollouts, 1)
+    return [
+        result.mode,
+        f"{result.rollouts:,}",
+        f"{result.tokens // 1024}k",
+        f"{result.ok:,}",
+        errors,
+        f"{result.overflows} / {result.drops}",
+        f"{result.rate:,.0f}",
+        f"{percentile(result.latencies, 0.5) * 1e3:,.0f}",
+        f"{percentile(result.latencies, 0.99) * 1e3:,.0f}",
+        f"{result.server_cpu_s * per:.2f}",
+        mib(result.peak_rss),
+        f"{result.client_cpu_s * per:.2f}",
+        f"{result.judge_cpu_s * per:.2f}",
+    ]
+
+
+HEADERS = [
+    "connections",
+    "rollouts",
+    "tokens",
+    "200 rows",
+    "errors",
+    "overflows / drops",
+    "/verify per s",
+    "p50 ms",
+    "p99 ms",
+    "server CPU ms per /verify",
+    "server peak RSS MiB",
+    "client CPU ms per /verify",
+    "judge CPU ms per /verify",
+]
+
+
+def parse_runs(texts: Sequence[str]) -> list[tuple[int, int]]:
+    runs = []
+    for text in texts:
+        rollouts, _, tokens = text.partition("x")
+        runs.append((int(rollouts), int(tokens)))
+    return runs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_parser = parser(__doc__.splitlines()[0] if __doc__ else "")
+    args_parser.add_argument(
+        "--runs",
+        action="append",
+        default=[],
+        metavar="ROLLOUTSxTOKENS",
+        help="a step size and body size to run (repeatable), e.g. 8192x1024",
+    )
+    args_parser.add_argument(
+        "--baseline-source",
+        metavar="DIR",
+        help="also run each fresh-connection burst against the server of another source tree",
+    )
+    args = args_parser.parse_args(argv)
+    if aiohttp is None:
+        print("bench_burst needs aiohttp: pip install -e '.[bench]'", file=sys.stderr)
+        return 2
+    runs = parse_runs(args.runs) if args.runs else list(SHORT_RUNS if args.short else FULL_RUNS)
+    limit = raise_own_file_limit()
+    print(machine_line())
+    print(f"load generator: aiohttp {aiohttp.__version__}, open-file limit {limit}")
+    judge = start_fake_judge()
+    results: list[tuple[Result, Result]] = []
+    baselines: list[Result] = []
+    try:
+        for number, (rollouts, tokens) in enumerate(runs):
+            pair = []
+            for keep_alive in (True, False):
+                result = run_one(judge, rollouts, tokens, keep_alive=keep_alive, tag=f"r{number}")
+                print(table(HEADERS, [row(result)]).splitlines()[-1], flush=True)
+                pair.append(result)
+            results.append((pair[0], pair[1]))
+            if args.baseline_source:
+                result = run_one(
+                    judge,
+                    rollouts,
+                    tokens,
+                    keep_alive=False,
+                    tag=f"r{number}",
+                    source=args.baseline_source,
+                )
+                print(table(HEADERS, [row(result)]).splitlines()[-1], flush=True)
+                baselines.append(result)
+    finally:
+        judge.stop()
+    print()
+    print(
+        table(
+            HEADERS,
+            [row(result) for pair in results for result in pair]
+            + [row(result) for result in baselines],
+        )
+    )
+    print()
+    for kept, fresh in results:
+        print(
+            f"{fresh.rollouts:,} rollouts of {fresh.tokens // 1024}k tokens: fresh connections "
+            f"reach {fresh.rate / kept.rate:.2f}x the keep-alive rate"
+            if kept.rate > 0
+            else "keep-alive run failed"
+        )
+    for _, fresh in results:
+        if fresh.rollouts == GOAL_ROLLOUTS:
+            met = not fresh.errors and fresh.overflows == 0 and fresh.rate >= GOAL_RATE
+            print(
+                f"goal at {GOAL_ROLLOUTS:,} fresh connections (0 errors, 0 overflows, "
+                f">= {GOAL_RATE:.0f} /verify per s): {'met' if met else 'NOT met'}"
+            )
+    print(f"load average after the runs: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

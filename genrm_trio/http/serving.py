@@ -1,0 +1,251 @@
+"""The accept loop of `serve`: hypercorn's HTTP/1.1 protocol behind our own listener.
+
+A trainer opens a fresh connection per rollout and posts a whole step at once, and each of those
+connections then waits for its group. hypercorn's own loop (trio's `serve_listeners`) accepts
+one connection per trip through the scheduler and, when descriptors run out, logs a traceback
+every 100 ms while the judge's connections fail for want of descriptors. This loop instead:
+
+- accepts in batches, so the kernel's listen queue drains as fast as clients fill it;
+- keeps client connections under a cap sized from the open-file limit, so the descriptors a group
+  needs to be judged and answered always remain; a connection over the cap is answered at once
+  with a 503 naming the limit (not left hanging), and the episode is logged once, with its end;
+- treats running out of descriptors anyway (EMFILE and kin) as a logged pause, not a crash.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.statsd import StatsdLogger
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState, Framework, LifespanState
+from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
+
+from genrm_trio.http.wire import error_body
+
+log = logging.getLogger("genrm_trio")
+
+# One wake-up of the accept loop takes at most this many connections before letting the
+# handlers it started run. With thousands of connection tasks runnable, one pass of the
+# scheduler takes long enough for a fast client to refill the queue, so each wake-up may empty
+# the default backlog whole (accepting one costs tens of microseconds). With 256, one of two
+# bursts of 8,192 in bench_burst.py saw 8 listen-queue overflows; with 4,096, none in two.
+ACCEPT_BATCH = 4096
+# accept(2) errors meaning the process or the system is out of descriptors or memory: waiting is
+# the only remedy, and the connection stays in the listen queue meanwhile.
+OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+OUT_OF_RESOURCES_PAUSE_S = 0.1
+# accept(2) errors about the one connection being accepted (it went away, or a firewall said no);
+# the loop carries on with the next.
+CONNECTION_GONE = frozenset(
+    {errno.ECONNABORTED, errno.ECONNRESET, errno.EPROTO, errno.EPERM, errno.ETIMEDOUT}
+)
+# A connection answered 503 is drained for at most this long, so that the request body the
+# client is still sending does not turn the reply into a connection reset.
+REJECT_DRAIN_S = 2.0
+
+
+def over_limit_reply(connections: int, open_file_limit: int) -> bytes:
+    """The whole HTTP reply given to a connection over the client-connection cap."""
+    body = error_body(
+        f"server at its connection limit: {connections} client connections are open "
+        f"(open-file limit {open_file_limit}); retry later, or raise the open-file limit "
+        "of genrm-trio serve"
+    )
+    head = (
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\nretry-after: 1\r\nconnection: close\r\n\r\n" % len(body)
+    )
+    return head + body
+
+
+class ConnectionGate:
+    """Counts client connections against their cap and logs when the cap or the descriptors
+    run out, once per episode. Plain bookkeeping: no method awaits."""
+
+    def __init__(self, capacity: int, open_file_limit: int, rejecting_slots: int) -> None:
+        self.capacity = capacity
+        self.open_file_limit = open_file_limit
+        self.rejecting_slots = rejecting_slots
+        self.open = 0
+        self.rejecting = 0
+        self.rejected_total = 0
+        self._rejected_in_episode = 0
+        self._starved_since: float | None = None
+        self.room = trio.Event()
+        self.reply = over_limit_reply(capacity, open_file_limit)
+
+    @property
+    def can_accept(self) -> bool:
+        return self.open < self.capacity or self.rejecting < self.rejecting_slots
+
+    def admit(self) -> bool:
+        """Count a newly accepted connection in; False if it must be answered 503."""
+        if self.open < self.capacity:
+            self.open += 1
+            if self._rejected_in_episode:
+                log.warning(
+                    "accepting client connections again after answering %d with 503 at the "
+                    "connection limit",
+                    self._rejected_in_episode,
+                )
+                self._rejected_in_episode = 0
+            return True
+        if not self._rejected_in_episode:
+            log.warning(
+                "connection limit reached: %d client connections are open under the open-file "
+                "limit %d; answering new connections 503 until some close. Raise the open-file "
+                "limit (ulimit -n) for bursts this large",
+                self.open,
+                self.open_file_limit,
+            )
+        self._rejected_in_episode += 1
+        self.rejected_total += 1
+        self.rejecting += 1
+        return False
+
+    def closed(self, *, admitted: bool) -> None:
+        if admitted:
+            self.open -= 1
+        else:
+            self.rejecting -= 1
+        self.room.set()
+        self.room = trio.Event()
+
+    def out_of_descriptors(self, exc: OSError) -> None:
+        if self._starved_since is None:
+            self._starved_since = time.monotonic()
+            name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+            log.error(
+                "out of file descriptors: accept failed with %s (%s) while %d client "
+                "connections are open (open-file limit %d); new connections wait in the listen "
+                "queue until descriptors are freed",
+                name,
+                os.strerror(exc.errno or 0),
+                self.open,
+                self.open_file_limit,
+            )
+
+    def accepted(self) -> None:
+        if self._starved_since is not None:
+            log.warning(
+                "accepting connections again after %.1f s out of file descriptors",
+                time.monotonic() - self._starved_since,
+            )
+            self._starved_since = None
+
+
+async def _reject(stream: trio.SocketStream, gate: ConnectionGate) -> None:
+    try:
+        with trio.move_on_after(REJECT_DRAIN_S):
+            await stream.send_all(gate.reply)
+            await stream.send_eof()
+            while await stream.receive_some(65536):
+                pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    finally:
+        gate.closed(admitted=False)
+        await trio.aclose_forcefully(stream)
+
+
+async def _accept_loop(
+    sock: socket.socket,
+    gate: ConnectionGate,
+    handle: Callable[[trio.SocketStream], Awaitable[None]],
+    handlers: trio.Nursery,
+) -> None:
+    sock.setblocking(False)
+    try:
+        while True:
+            while not gate.can_accept:
+                await gate.room.wait()
+            await trio.lowlevel.wait_readable(sock)
+            for _ in range(ACCEPT_BATCH):
+                if not gate.can_accept:
+                    break
+                try:
+                    conn, _ = sock.accept()
+                except BlockingIOError:
+                    break
+                except OSError as exc:
+                    if exc.errno in CONNECTION_GONE:
+                        continue
+                    if exc.errno in OUT_OF_RESOURCES:
+                        gate.out_of_descriptors(exc)
+                        await trio.sleep(OUT_OF_RESOURCES_PAUSE_S)
+                        break
+                    raise
+                gate.accepted()
+                stream = trio.SocketStream(trio.socket.from_stdlib_socket(conn))
+                if gate.admit():
+                    handlers.start_soon(handle, stream)
+                else:
+                    handlers.start_soon(_reject, stream, gate)
+    finally:
+        trio.lowlevel.notify_closing(sock)
+        sock.close()
+
+
+async def serve_app(
+    app: Framework,
+    settings: HypercornConfig,
+    gate: ConnectionGate,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[Any]],
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve `app` on `settings.bind` until `shutdown_trigger` returns, as hypercorn's trio
+    worker does (ASGI lifespan, graceful timeout), but accepting through `gate`."""
+    settings.set_statsd_logger_class(StatsdLogger)
+    asgi = wrap_app(app, settings.wsgi_max_body_size, "asgi")
+    lifespan_state: LifespanState = {}
+    lifespan = Lifespan(asgi, settings, lifespan_state)
+    context = WorkerContext(None)
+
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        # What the app put in the lifespan state at startup, shared by every connection.
+        state = ConnectionState(lifespan_state.copy())
+
+        async with trio.open_nursery() as handlers:
+            sockets = settings.create_sockets().insecure_sockets
+            for sock in sockets:
+                sock.listen(settings.backlog)
+            binds = [f"http://{repr_socket_addr(s.family, s.getsockname())}" for s in sockets]
+
+            async def handle(stream: trio.SocketStream) -> None:
+                try:
+                    await TCPServer(asgi, settings, context, state, stream)  # type: ignore[arg-type]
+                finally:
+                    gate.closed(admitted=True)
+                    await trio.aclose_forcefully(stream)
+
+            task_status.started(binds)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(raise_shutdown, shutdown_trigger)
+                    nursery.start_soon(raise_shutdown, context.terminate.wait)
+                    for sock in sockets:
+                        nursery.start_soon(_accept_loop, sock, gate, handle, handlers)
+            except BaseExceptionGroup as error:
+                _, others = error.split((ShutdownError, KeyboardInterrupt))
+                if others is not None:
+                    raise others from None
+            finally:
+                await context.terminated.set()
+                handlers.cancel_scope.deadline = trio.current_time() + settings.graceful_timeout
+
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()
