@@ -84,7 +84,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     shutdown_grace_s: float = 5.0
     log_level: LogLevel = "INFO"
     debug_logging: bool = False
-    early_judging: bool = True
+    early_judging: bool = False
 
     @property
     def group_mode(self) -> bool:
