@@ -20,13 +20,13 @@ import trio
 from genrm_trio.judge.http11 import Http11Transport, _Connection
 from genrm_trio.judge.transport import (
     CLOSED_BEFORE_REPLY,
-    ConnectFailed,
+    ConnectError,
     ConnectTimedOut,
     JudgeEndpoint,
     JudgeReply,
     JudgeTransport,
-    ProtocolViolation,
-    ReadFailed,
+    ReadError,
+    RemoteProtocolError,
     TransportStatistics,
     malformed,
 )
@@ -55,7 +55,7 @@ class _H11Reply(JudgeReply):
             return bytes(event.data)
         if isinstance(event, h11.EndOfMessage):
             return b""
-        raise ProtocolViolation(malformed(f"unexpected {type(event).__name__}"))
+        raise RemoteProtocolError(malformed(f"unexpected {type(event).__name__}"))
 
     async def release(self) -> None:
         machine = self.machine
@@ -109,7 +109,7 @@ class H11Transport(Http11Transport):
                     continue
                 if isinstance(event, h11.Response):
                     return _H11Reply(self, connection, machine, event)
-                raise ProtocolViolation(CLOSED_BEFORE_REPLY)
+                raise RemoteProtocolError(CLOSED_BEFORE_REPLY)
         except BaseException:
             self._machines.pop(id(connection), None)
             await trio.aclose_forcefully(connection.stream)
@@ -120,14 +120,14 @@ class H11Transport(Http11Transport):
             try:
                 event = machine.next_event()
             except h11.RemoteProtocolError as exc:
-                raise ProtocolViolation(malformed(str(exc))) from exc
+                raise RemoteProtocolError(malformed(str(exc))) from exc
             if event is not h11.NEED_DATA:
                 assert not isinstance(event, type)
                 return event
             try:
                 data = await connection.stream.receive_some(_RECEIVE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                raise ReadFailed(str(exc)) from exc
+                raise ReadError(str(exc)) from exc
             machine.receive_data(bytes(data))
 
 
@@ -143,7 +143,7 @@ class _HttpxReply(JudgeReply):
         try:
             return await anext(self.parts, b"")
         except httpx.TransportError as exc:
-            raise ReadFailed(str(exc)) from exc
+            raise ReadError(str(exc)) from exc
 
     async def release(self) -> None:
         await self.response.aclose()
@@ -170,9 +170,9 @@ class HttpxPoolTransport(JudgeTransport):
         except httpx.ConnectTimeout as exc:
             raise ConnectTimedOut(str(exc)) from exc
         except httpx.ConnectError as exc:
-            raise ConnectFailed(str(exc)) from exc
+            raise ConnectError(str(exc)) from exc
         except httpx.TransportError as exc:
-            raise ReadFailed(str(exc)) from exc
+            raise ReadError(str(exc)) from exc
         return _HttpxReply(response)
 
     async def aclose(self) -> None:

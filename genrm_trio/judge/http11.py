@@ -37,13 +37,13 @@ import trio
 from genrm_trio.judge.transport import (
     CLOSED_BEFORE_REPLY,
     CLOSED_IN_CHUNKED_BODY,
-    ConnectFailed,
+    ConnectError,
     ConnectTimedOut,
     JudgeEndpoint,
     JudgeReply,
     JudgeTransport,
-    ProtocolViolation,
-    ReadFailed,
+    ReadError,
+    RemoteProtocolError,
     RequestInvalid,
     TransportStatistics,
     cannot_connect,
@@ -78,7 +78,7 @@ class _Connection:
         try:
             data = await self.stream.receive_some(_RECEIVE_BYTES)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise ReadFailed(connection_broken(exc)) from exc
+            raise ReadError(connection_broken(exc)) from exc
         if not data:
             return False
         self.buffer += data
@@ -123,12 +123,12 @@ class _Reply(JudgeReply):
             self.mode, self.complete = "length", True
         elif encoding is not None:
             if encoding.rsplit(b",", 1)[-1].strip().lower() != b"chunked":
-                raise ProtocolViolation(malformed(f"unsupported Transfer-Encoding {encoding!r}"))
+                raise RemoteProtocolError(malformed(f"unsupported Transfer-Encoding {encoding!r}"))
             self.mode = "chunked"
         elif length is not None:
             values = {value.strip() for value in length.split(b",")}
             if len(values) != 1 or not next(iter(values)).isdigit():
-                raise ProtocolViolation(malformed(f"Content-Length {length[:40]!r}"))
+                raise RemoteProtocolError(malformed(f"Content-Length {length[:40]!r}"))
             self.mode = "length"
             self.expected = self.left = int(next(iter(values)))
             self.complete = self.left == 0
@@ -149,7 +149,7 @@ class _Reply(JudgeReply):
         buffer = connection.buffer
         if self.mode == "length":
             if not buffer and not await connection.fill():
-                raise ProtocolViolation(closed_in_body(self.expected - self.left, self.expected))
+                raise RemoteProtocolError(closed_in_body(self.expected - self.left, self.expected))
             part = bytes(buffer[: self.left])
             del buffer[: len(part)]
             self.left -= len(part)
@@ -170,14 +170,14 @@ class _Reply(JudgeReply):
             line_end = buffer.find(b"\r\n")
             if line_end < 0:
                 if len(buffer) > _HEAD_LIMIT:
-                    raise ProtocolViolation(malformed("chunk size line too long"))
+                    raise RemoteProtocolError(malformed("chunk size line too long"))
                 await self._fill_chunked()
                 continue
             size = bytes(buffer[:line_end]).split(b";", 1)[0].strip()
             try:
                 self.chunk_left = int(size, 16)
             except ValueError:
-                raise ProtocolViolation(malformed(f"chunk size {size[:40]!r}")) from None
+                raise RemoteProtocolError(malformed(f"chunk size {size[:40]!r}")) from None
             del buffer[: line_end + 2]
             if self.chunk_left == 0:
                 await self._skip_trailers()
@@ -191,7 +191,7 @@ class _Reply(JudgeReply):
             while len(buffer) < 2:
                 await self._fill_chunked()
             if buffer[:2] != b"\r\n":
-                raise ProtocolViolation(malformed("chunk not followed by CRLF"))
+                raise RemoteProtocolError(malformed("chunk not followed by CRLF"))
             del buffer[:2]
             self.chunk_left = -1
         return part
@@ -202,7 +202,7 @@ class _Reply(JudgeReply):
             line_end = buffer.find(b"\r\n")
             if line_end < 0:
                 if len(buffer) > _HEAD_LIMIT:
-                    raise ProtocolViolation(malformed("trailers too long"))
+                    raise RemoteProtocolError(malformed("trailers too long"))
                 await self._fill_chunked()
                 continue
             del buffer[: line_end + 2]
@@ -212,7 +212,7 @@ class _Reply(JudgeReply):
 
     async def _fill_chunked(self) -> None:
         if not await self.connection.fill():
-            raise ProtocolViolation(CLOSED_IN_CHUNKED_BODY)
+            raise RemoteProtocolError(CLOSED_IN_CHUNKED_BODY)
 
 
 def _peer_has_spoken(socket: trio.socket.SocketType) -> bool:
@@ -333,7 +333,7 @@ class Http11Transport(JudgeTransport):
         except trio.TooSlowError as exc:
             raise ConnectTimedOut(connect_timed_out(self._address, self._timeout_s)) from exc
         except (OSError, trio.BrokenResourceError) as exc:
-            raise ConnectFailed(cannot_connect(self._address, exc)) from exc
+            raise ConnectError(cannot_connect(self._address, exc)) from exc
         self._opened += 1
         return _Connection(stream, tcp.socket)
 
@@ -343,25 +343,25 @@ class Http11Transport(JudgeTransport):
             end = buffer.find(b"\r\n\r\n")
             if end < 0:
                 if len(buffer) > _HEAD_LIMIT:
-                    raise ProtocolViolation(malformed("reply head too long"))
+                    raise RemoteProtocolError(malformed("reply head too long"))
                 if not await connection.fill():
-                    raise ProtocolViolation(CLOSED_BEFORE_REPLY)
+                    raise RemoteProtocolError(CLOSED_BEFORE_REPLY)
                 continue
             lines = bytes(buffer[:end]).split(b"\r\n")
             del buffer[: end + 4]
             match = _STATUS_LINE.fullmatch(lines[0])
             if match is None:
-                raise ProtocolViolation(malformed(f"status line {lines[0][:80]!r}"))
+                raise RemoteProtocolError(malformed(f"status line {lines[0][:80]!r}"))
             status = int(match.group(2))
             headers: list[tuple[bytes, bytes]] = []
             for line in lines[1:]:
                 name, colon, value = line.partition(b":")
                 if not colon or not name or name != name.strip() or name[:1] in b" \t":
-                    raise ProtocolViolation(malformed(f"header line {line[:80]!r}"))
+                    raise RemoteProtocolError(malformed(f"header line {line[:80]!r}"))
                 headers.append((name.lower(), value.strip(b" \t")))
             if 100 <= status <= 199:
                 if status == 101:
-                    raise ProtocolViolation(malformed("unexpected 101 Switching Protocols"))
+                    raise RemoteProtocolError(malformed("unexpected 101 Switching Protocols"))
                 continue  # an interim reply; the real one follows
             reply = _Reply(self, connection, status, headers, keep_alive=match.group(1) == b"1")
             tokens = reply.header(b"connection")

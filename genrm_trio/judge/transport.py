@@ -57,7 +57,7 @@ class JudgeTransportError(Exception):
     """The exchange ended without a complete reply; ``str()`` says why, in the project's words."""
 
 
-class ConnectFailed(JudgeTransportError):
+class ConnectError(JudgeTransportError):
     """No connection could be made: refused, unreachable, name resolution, TLS handshake."""
 
 
@@ -65,11 +65,11 @@ class ConnectTimedOut(JudgeTransportError):
     """Connecting took longer than the endpoint's timeout (counts as the J-27 deadline)."""
 
 
-class ReadFailed(JudgeTransportError):
+class ReadError(JudgeTransportError):
     """The connection broke while the request was being sent or the reply read."""
 
 
-class ProtocolViolation(JudgeTransportError):
+class RemoteProtocolError(JudgeTransportError):
     """The judge closed the connection before a complete reply, or sent what is not HTTP/1.1."""
 
 

@@ -10,9 +10,9 @@ reply kind         what the caller sees
 =================  ===========================================================================
 ``respond``        after ``delay_s`` (``trio.sleep``: instant and exact under ``autojump_clock``),
                    the reply; its body is read in one part
-``truncate``       after ``delay_s``, the reply's head, half its body, then ``ProtocolViolation``
+``truncate``       after ``delay_s``, the reply's head, half its body, then ``RemoteProtocolError``
                    naming the bytes received, and the connection is dropped
-``close``          after ``delay_s``, ``ProtocolViolation`` (closed before replying)
+``close``          after ``delay_s``, ``RemoteProtocolError`` (closed before replying)
 ``hang``           nothing, until the caller's cancel scope ends the wait
 =================  ===========================================================================
 
@@ -38,7 +38,7 @@ from genrm_trio.judge.transport import (
     JudgeReply,
     JudgeTransport,
     JudgeTransportError,
-    ProtocolViolation,
+    RemoteProtocolError,
     TransportFactory,
     TransportStatistics,
     closed_in_body,
@@ -142,10 +142,10 @@ class MemoryTransport(JudgeTransport):
             finally:
                 judge.end_request(reply, cancelled=cancelled)
         if reply.kind == "close":
-            raise ProtocolViolation(CLOSED_BEFORE_REPLY)
+            raise RemoteProtocolError(CLOSED_BEFORE_REPLY)
         head = [*reply.headers, ("content-length", str(len(reply.body)))]
         if reply.kind == "truncate":
-            cut = ProtocolViolation(closed_in_body(reply.sent_bytes, len(reply.body)))
+            cut = RemoteProtocolError(closed_in_body(reply.sent_bytes, len(reply.body)))
             return BodyReply(
                 reply.status,
                 head,

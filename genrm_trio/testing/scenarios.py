@@ -826,9 +826,9 @@ class _Model:
         if kind == "non_json":
             return "fatal", "JSONDecodeError: judge reply is not valid JSON: <html>not json</html>"
         if kind == "close":
-            return "transient", f"ProtocolViolation: {CLOSED_BEFORE_REPLY}"
+            return "transient", f"RemoteProtocolError: {CLOSED_BEFORE_REPLY}"
         if kind == "truncated":
-            return "transient", "ProtocolViolation: the judge closed the connection after"
+            return "transient", "RemoteProtocolError: the judge closed the connection after"
         if kind == "budget":
             return "exhausted", ""
         if kind == "empty":

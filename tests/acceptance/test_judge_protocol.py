@@ -516,7 +516,7 @@ async def test_a_cut_off_body_is_transient() -> None:
             rows = await server.complete()
             assert server.calls() == 4
         for reason in reasons(rows):
-            assert "pair=(0, 1) judge=0 attempt=4/4 deadline=2.0s: ProtocolViolation: " in reason
+            assert "pair=(0, 1) judge=0 attempt=4/4 deadline=2.0s: RemoteProtocolError: " in reason
 
 
 async def test_a_non_json_reply_fails_at_once() -> None:
@@ -566,7 +566,7 @@ async def test_a_judge_on_a_closed_port_masks_both_rows_quickly() -> None:
         body = response.json()
         assert response.status_code == 200
         assert body["mask_sample"] is True
-        assert "ConnectFailed: cannot connect to 127.0.0.1:" in body["failure_reason"]
+        assert "ConnectError: cannot connect to 127.0.0.1:" in body["failure_reason"]
         assert "deadline=0.2s" in body["failure_reason"]
         assert f"GenRM judge http://127.0.0.1:{port}/v1/chat/completions" in body["failure_reason"]
 

@@ -37,7 +37,7 @@ from genrm_trio.judge.attempts import (
     timeout_outcome,
     transport_outcome,
 )
-from genrm_trio.judge.transport import ProtocolViolation, ReadFailed
+from genrm_trio.judge.transport import ReadError, RemoteProtocolError
 
 DEFAULT = Verdict(3.0, 3.0, 3.5)
 V421 = Verdict(4.0, 2.0, 1.0)
@@ -99,13 +99,13 @@ def test_retry_after_is_kept_only_for_429_and_503() -> None:
 
 
 def test_transport_errors_are_transient_and_named_by_type() -> None:
-    assert transport_outcome(ReadFailed("connection to the judge broken: reset")) == (
+    assert transport_outcome(ReadError("connection to the judge broken: reset")) == (
         TransientFailure(
-            cause="ReadFailed: connection to the judge broken: reset", short_cause="ReadFailed"
+            cause="ReadError: connection to the judge broken: reset", short_cause="ReadError"
         )
     )
-    assert transport_outcome(ProtocolViolation("x" * 5000)).cause == (
-        "ProtocolViolation: " + "x" * 1000
+    assert transport_outcome(RemoteProtocolError("x" * 5000)).cause == (
+        "RemoteProtocolError: " + "x" * 1000
     )
 
 

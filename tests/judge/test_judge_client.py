@@ -30,14 +30,14 @@ from genrm_trio.judge.client import (
 )
 from genrm_trio.judge.transport import (
     CLOSED_BEFORE_REPLY,
-    ConnectFailed,
+    ConnectError,
     ConnectTimedOut,
     JudgeEndpoint,
     JudgeReply,
     JudgeTransport,
     JudgeTransportError,
-    ProtocolViolation,
-    ReadFailed,
+    ReadError,
+    RemoteProtocolError,
     TransportStatistics,
     closed_in_body,
 )
@@ -115,7 +115,7 @@ def fail_with(exc: JudgeTransportError) -> Reply:
 
 def truncated() -> Reply:
     async def reply(call: Call) -> JudgeReply:
-        cut = ProtocolViolation(closed_in_body(13, 400))
+        cut = RemoteProtocolError(closed_in_body(13, 400))
         return BodyReply(200, [], [b'{"choices": ['], then=cut)
 
     return reply
@@ -355,9 +355,9 @@ async def test_transient_status_then_success_takes_two_calls(
 @pytest.mark.parametrize(
     "error",
     [
-        ConnectFailed("cannot connect to 127.0.0.1:9: Connection refused"),
-        ReadFailed("connection to the judge broken: Connection reset by peer"),
-        ProtocolViolation(CLOSED_BEFORE_REPLY),
+        ConnectError("cannot connect to 127.0.0.1:9: Connection refused"),
+        ReadError("connection to the judge broken: Connection reset by peer"),
+        RemoteProtocolError(CLOSED_BEFORE_REPLY),
     ],
     ids=lambda error: type(error).__name__,
 )
@@ -425,7 +425,7 @@ async def test_truncated_body_every_time_fails_naming_the_transport_error(
     assert result == JudgeFailure(
         text=(
             f"GenRM judge {URL} pair=(0, 1) judge=0 attempt=4/4 deadline=2.0s:"
-            " ProtocolViolation: the judge closed the connection after 13 of 400 body bytes"
+            " RemoteProtocolError: the judge closed the connection after 13 of 400 body bytes"
         ),
         attempts=4,
     )
@@ -433,7 +433,7 @@ async def test_truncated_body_every_time_fails_naming_the_transport_error(
 
 async def test_error_status_with_a_broken_body_keeps_its_status() -> None:
     async def reply(call: Call) -> JudgeReply:
-        broken = ReadFailed("connection to the judge broken: Connection reset by peer")
+        broken = ReadError("connection to the judge broken: Connection reset by peer")
         return BodyReply(404, [], [b'{"error":'], then=broken)
 
     judge = ScriptedJudge(reply)

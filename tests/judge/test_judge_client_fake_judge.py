@@ -187,7 +187,7 @@ async def test_broken_connection_every_time_fails_naming_the_transport_error(
     assert calls(fake) == 4
     assert isinstance(result, JudgeFailure)
     assert result.attempts == 4
-    assert result.text.startswith(error_prefix(base_url, "4/4") + "ProtocolViolation: the judge ")
+    assert result.text.startswith(error_prefix(base_url, "4/4") + "RemoteProtocolError: the judge ")
 
 
 async def test_closed_port_fails_with_connect_error() -> None:
@@ -198,7 +198,7 @@ async def test_closed_port_fails_with_connect_error() -> None:
     result = await judge_over_tcp(base_url, judge_request_timeout_s=0.2)
     assert isinstance(result, JudgeFailure)
     assert result.attempts == 4
-    assert " deadline=0.2s: ConnectFailed: cannot connect to 127.0.0.1:" in result.text
+    assert " deadline=0.2s: ConnectError: cannot connect to 127.0.0.1:" in result.text
     assert result.text.endswith(": Connection refused")
 
 

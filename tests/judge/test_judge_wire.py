@@ -160,4 +160,4 @@ async def test_chunked_reply_cut_short_every_time_names_the_transport_error() ->
     async with trio.open_nursery() as nursery:
         result = await judge_once(nursery, [lambda: cut, lambda: cut], close_after=True)
     assert isinstance(result, JudgeFailure)
-    assert "attempt=2/2" in result.text and "ProtocolViolation: the judge closed" in result.text
+    assert "attempt=2/2" in result.text and "RemoteProtocolError: the judge closed" in result.text

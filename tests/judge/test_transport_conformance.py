@@ -34,13 +34,13 @@ from genrm_trio.judge.requests import judge_headers
 from genrm_trio.judge.transport import (
     CLOSED_BEFORE_REPLY,
     CLOSED_IN_CHUNKED_BODY,
-    ConnectFailed,
+    ConnectError,
     ConnectTimedOut,
     JudgeEndpoint,
     JudgeReply,
     JudgeTransport,
-    ProtocolViolation,
-    ReadFailed,
+    ReadError,
+    RemoteProtocolError,
     ReplyDecodingFailed,
     RequestInvalid,
     closed_in_body,
@@ -227,7 +227,7 @@ async def test_truncated_body_breaks_the_read_after_half_the_body(
     assert reply.status == 200
     assert reply.header(b"content-length") == str(len(expected.body)).encode()
     chunks: list[bytes] = []
-    with pytest.raises(ProtocolViolation) as caught:
+    with pytest.raises(RemoteProtocolError) as caught:
         await reply.read_at_most(1 << 20, chunks)
     await reply.release()
     assert str(caught.value) == closed_in_body(expected.sent_bytes, len(expected.body))
@@ -245,7 +245,7 @@ async def test_close_fails_the_send_as_closed_before_replying(
 ) -> None:
     setup.judge.set_rules([{"action": "close", "times": 1}])
     transport = setup.transport()
-    with pytest.raises(ProtocolViolation) as caught:
+    with pytest.raises(RemoteProtocolError) as caught:
         await transport.send(BODY)
     assert str(caught.value) == CLOSED_BEFORE_REPLY
     await exchange(transport)
@@ -462,7 +462,7 @@ async def test_a_closed_port_is_connect_failed_in_the_os_words() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     transport = Http11Transport(JudgeEndpoint(f"http://127.0.0.1:{port}{PATH}", {}, 1.0))
-    with pytest.raises(ConnectFailed) as caught:
+    with pytest.raises(ConnectError) as caught:
         await transport.send(BODY)
     assert str(caught.value) == f"cannot connect to 127.0.0.1:{port}: Connection refused"
 
@@ -631,32 +631,42 @@ CUT = head(b"transfer-encoding: chunked") + chunked(REPLY)[:40]
 BROKEN: dict[str, tuple[bytes, type[Exception], str | None, bool]] = {
     "content-length cut short": (
         head(LENGTH) + REPLY[:50],
-        ProtocolViolation,
+        RemoteProtocolError,
         closed_in_body(50, len(REPLY)),
         False,
     ),
-    "chunked cut short": (CUT, ProtocolViolation, CLOSED_IN_CHUNKED_BODY, False),
-    "closed before replying": (b"", ProtocolViolation, CLOSED_BEFORE_REPLY, True),
+    "chunked cut short": (CUT, RemoteProtocolError, CLOSED_IN_CHUNKED_BODY, False),
+    "closed before replying": (b"", RemoteProtocolError, CLOSED_BEFORE_REPLY, True),
     "head cut short": (
         b"HTTP/1.1 200 OK\r\ncontent-le",
-        ProtocolViolation,
+        RemoteProtocolError,
         CLOSED_BEFORE_REPLY,
         True,
     ),
-    "not HTTP": (b"SSH-2.0-OpenSSH\r\n\r\n", ProtocolViolation, None, True),
-    "bad header line": (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", ProtocolViolation, None, True),
-    "101": (b"HTTP/1.1 101 Switching Protocols\r\n\r\n", ProtocolViolation, None, True),
-    "unknown transfer-encoding": (head(b"transfer-encoding: gzip"), ProtocolViolation, None, True),
-    "conflicting content-length": (head(b"content-length: 5, 6"), ProtocolViolation, None, True),
+    "not HTTP": (b"SSH-2.0-OpenSSH\r\n\r\n", RemoteProtocolError, None, True),
+    "bad header line": (
+        b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+        RemoteProtocolError,
+        None,
+        True,
+    ),
+    "101": (b"HTTP/1.1 101 Switching Protocols\r\n\r\n", RemoteProtocolError, None, True),
+    "unknown transfer-encoding": (
+        head(b"transfer-encoding: gzip"),
+        RemoteProtocolError,
+        None,
+        True,
+    ),
+    "conflicting content-length": (head(b"content-length: 5, 6"), RemoteProtocolError, None, True),
     "bad chunk size": (
         head(b"transfer-encoding: chunked") + b"zz\r\n",
-        ProtocolViolation,
+        RemoteProtocolError,
         None,
         False,
     ),
     "chunk without CRLF": (
         head(b"transfer-encoding: chunked") + b"2\r\nabXY",
-        ProtocolViolation,
+        RemoteProtocolError,
         None,
         False,
     ),
@@ -666,16 +676,16 @@ BROKEN: dict[str, tuple[bytes, type[Exception], str | None, bool]] = {
         "unsupported Content-Encoding 'br'",
         False,
     ),
-    "endless head": (b"HTTP/1.1 200 OK\r\nx: " + b"y" * 70_000, ProtocolViolation, None, True),
+    "endless head": (b"HTTP/1.1 200 OK\r\nx: " + b"y" * 70_000, RemoteProtocolError, None, True),
     "endless chunk size line": (
         head(b"transfer-encoding: chunked") + b"1" * 70_000,
-        ProtocolViolation,
+        RemoteProtocolError,
         None,
         False,
     ),
     "endless trailers": (
         head(b"transfer-encoding: chunked") + b"0\r\nx-trailer: " + b"y" * 70_000,
-        ProtocolViolation,
+        RemoteProtocolError,
         None,
         False,
     ),
@@ -696,7 +706,7 @@ async def test_broken_replies_fail_with_the_projects_errors(
             await transport.send(BODY)
         else:
             await exchange(transport)
-    assert isinstance(caught.value, ProtocolViolation | ReplyDecodingFailed | ReadFailed)
+    assert isinstance(caught.value, RemoteProtocolError | ReplyDecodingFailed | ReadError)
     if text is not None:
         assert str(caught.value) == text
     else:
@@ -718,7 +728,7 @@ async def test_a_connection_reset_mid_reply_is_read_failed(nursery: trio.Nursery
     port = listeners[0].socket.getsockname()[1]
     nursery.start_soon(trio.serve_listeners, reset_after_half_a_head, listeners)
     transport = Http11Transport(JudgeEndpoint(f"http://127.0.0.1:{port}{PATH}", {}, 5.0))
-    with pytest.raises(ReadFailed) as caught:
+    with pytest.raises(ReadError) as caught:
         await transport.send(BODY)
     assert str(caught.value) == "connection to the judge broken: " + os.strerror(errno.ECONNRESET)
     await transport.aclose()
@@ -729,7 +739,7 @@ async def test_tls_to_a_plain_http_port_is_connect_failed_naming_the_tls_error(
 ) -> None:
     port = await nursery.start(serve_fake_judge, FakeJudge(), "127.0.0.1", 0)
     transport = Http11Transport(JudgeEndpoint(f"https://127.0.0.1:{port}{PATH}", {}, 5.0))
-    with pytest.raises(ConnectFailed) as caught:
+    with pytest.raises(ConnectError) as caught:
         await transport.send(BODY)
     assert str(caught.value).startswith(f"cannot connect to 127.0.0.1:{port}: SSLError: [SSL")
     await transport.aclose()

@@ -26,14 +26,14 @@ from genrm_trio.config import Config
 from genrm_trio.core.verdicts import Verdict
 from genrm_trio.judge.client import JudgeClient, JudgeFailure, JudgeTask, JudgeVerdict
 from genrm_trio.judge.transport import (
-    ConnectFailed,
+    ConnectError,
     ConnectTimedOut,
     JudgeEndpoint,
     JudgeReply,
     JudgeTransport,
     JudgeTransportError,
-    ProtocolViolation,
-    ReadFailed,
+    ReadError,
+    RemoteProtocolError,
     TransportFactory,
     TransportStatistics,
 )
@@ -525,9 +525,9 @@ def status_replies(draw: st.DrawFn, api: str) -> Reply:
 
 
 TRANSPORT_ERRORS: list[Callable[[str], JudgeTransportError]] = [
-    ConnectFailed,
-    ReadFailed,
-    ProtocolViolation,
+    ConnectError,
+    ReadError,
+    RemoteProtocolError,
 ]
 TIMEOUTS: list[Callable[[str], JudgeTransportError]] = [ConnectTimedOut]
 
@@ -550,13 +550,13 @@ def transport_replies(draw: st.DrawFn, api: str) -> Reply:
         )
     if kind == "cut":
         cut = body[: draw(st.integers(0, len(body) - 1))]
-        cause = f"ProtocolViolation: {message[:1000]}"
+        cause = f"RemoteProtocolError: {message[:1000]}"
         return Reply(
             "cut body",
             Transient(cause),
             body=body,
             cut_after=cut,
-            error=ProtocolViolation(message),
+            error=RemoteProtocolError(message),
         )
     if kind == "stall":
         return Reply(

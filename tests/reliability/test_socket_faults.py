@@ -157,7 +157,7 @@ async def test_a_judge_on_a_closed_port_masks_both_rows_naming_connect_error(
     assert elapsed < 2.0
     first_failure = (
         f"GenRM judge {judge_url}/{API_PATHS[api]} pair=(0, 1) judge=0 attempt=4/4 "
-        "deadline=0.2s: ConnectFailed: cannot connect to "
+        "deadline=0.2s: ConnectError: cannot connect to "
     )
     for reply in replies:
         row = reply.json()
@@ -174,7 +174,7 @@ async def test_a_judge_on_a_closed_port_masks_both_rows_naming_connect_error(
         assert row["failure_reason"] == row["_ng_failure_judge_error"]
     retries = [r.getMessage() for r in caplog.records if "GenRM judge retry pair" in r.getMessage()]
     assert len(retries) == 6  # three retries for each of the two comparisons
-    assert all(" after ConnectFailed; sleeping " in line for line in retries)
+    assert all(" after ConnectError; sleeping " in line for line in retries)
 
 
 @pytest.mark.parametrize("action", ["truncated_body", "close"])
@@ -189,9 +189,9 @@ async def test_a_judge_that_breaks_every_connection_is_retried_then_masked(actio
     assert stats["by_action"] == {action: 8}
     assert stats["in_flight"] == 0
     cause = {
-        "truncated_body": "ProtocolViolation: the judge closed the connection after 190 of 380 "
+        "truncated_body": "RemoteProtocolError: the judge closed the connection after 190 of 380 "
         "body bytes",
-        "close": "ProtocolViolation: the judge closed the connection before replying",
+        "close": "RemoteProtocolError: the judge closed the connection before replying",
     }[action]
     for reply in replies:
         row = reply.json()

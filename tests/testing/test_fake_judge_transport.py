@@ -23,7 +23,7 @@ from _fake_judge_support import (
     responses_text,
 )
 
-from genrm_trio.judge.transport import JudgeEndpoint, JudgeReply, ProtocolViolation
+from genrm_trio.judge.transport import JudgeEndpoint, JudgeReply, RemoteProtocolError
 from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
 from genrm_trio.testing.memory_transport import MemoryTransport
 
@@ -263,14 +263,14 @@ async def test_raw_action_status_and_content_type(judge: FakeJudge, client: Judg
 
 async def test_truncated_body_action_breaks_the_read(judge: FakeJudge, client: JudgeCaller) -> None:
     judge.set_rules([{"action": "truncated_body", "times": 1}])
-    with pytest.raises(ProtocolViolation, match="closed the connection after"):
+    with pytest.raises(RemoteProtocolError, match="closed the connection after"):
         await chat(client)
     assert (await chat(client)).status_code == 200
     judge.set_rules([{"action": "truncated_body"}])
     reply = await client.send("/chat/completions", json=chat_body("a", "b"))
     announced = int(reply.header(b"content-length") or 0)
     received: list[bytes] = []
-    with pytest.raises(ProtocolViolation):
+    with pytest.raises(RemoteProtocolError):
         await reply.read_at_most(1 << 20, received)
     await reply.release()
     assert 0 < len(b"".join(received)) < announced
@@ -280,7 +280,7 @@ async def test_truncated_body_action_breaks_the_read(judge: FakeJudge, client: J
 
 async def test_close_action(judge: FakeJudge, client: JudgeCaller) -> None:
     judge.set_rules([{"action": "close"}])
-    with pytest.raises(ProtocolViolation, match="before replying"):
+    with pytest.raises(RemoteProtocolError, match="before replying"):
         await chat(client)
     assert judge.stats()["in_flight"] == 0
     assert judge.stats()["cancelled"] == 0
@@ -328,7 +328,7 @@ async def test_latency_applies_before_error_actions_too(
 ) -> None:
     judge = FakeJudge(latency="fixed:1", rules=[{"action": "close", "delay_s": 0.5}])
     async with JudgeCaller(judge) as client:
-        with pytest.raises(ProtocolViolation):
+        with pytest.raises(RemoteProtocolError):
             await chat(client)
     assert trio.current_time() == pytest.approx(1.5)
 
