@@ -49,6 +49,7 @@ EXIT_INCOMPLETE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 JUDGE_ATTEMPTS_SERIES = "genrm_judge_attempts_total"
+HEALTH_ATTEMPTS_FIELD = "judge_attempts_total"
 
 
 class UsageError(Exception):
@@ -167,13 +168,20 @@ async def _wait_ready(args: argparse.Namespace) -> None:
 
 
 async def _judge_attempts(client: httpx.AsyncClient) -> float | None:
-    """Judge attempts the server has counted, when it serves Prometheus `/metrics` (X-6)."""
+    """Judge attempts the server has counted: Prometheus `/metrics` (X-6), else `/healthz`."""
     try:
         with trio.move_on_after(10):
             reply = await client.get("/metrics")
             if reply.status_code == 200:
-                return prometheus_total(reply.text, JUDGE_ATTEMPTS_SERIES)
-    except httpx.HTTPError:
+                total = prometheus_total(reply.text, JUDGE_ATTEMPTS_SERIES)
+                if total is not None:
+                    return total
+            health = await client.get("/healthz")
+            if health.status_code in (200, 503):
+                value = health.json().get(HEALTH_ATTEMPTS_FIELD)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    return float(value)
+    except (httpx.HTTPError, ValueError, AttributeError):
         pass
     return None
 

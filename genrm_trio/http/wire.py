@@ -662,7 +662,8 @@ def render_compare_reply(
 
 
 def render_healthz(status: str, counts: Mapping[str, int]) -> bytes:
-    """W-50: the status, the four state counts and the count of resent legacy groups."""
+    """W-50: the status, the four state counts, the count of resent legacy groups and the judge
+    attempts started so far."""
     if status not in ("ok", "shutting_down"):
         raise ValueError(f"unknown health status {status!r}")
     return _ENCODER.encode(
@@ -673,6 +674,7 @@ def render_healthz(status: str, counts: Mapping[str, int]) -> bytes:
             watermarks=counts["watermarks"],
             judge_in_flight=counts["judge_in_flight"],
             legacy_resends_collecting=counts.get("legacy_resends_collecting", 0),
+            judge_attempts_total=counts.get("judge_attempts_total", 0),
         )
     )
 
@@ -873,6 +875,15 @@ class Healthz(msgspec.Struct, frozen=True, kw_only=True):
                 "Legacy groups (no _ng_group_id) opened by a row resent under a key whose group "
                 "had already completed, still collecting: each completes only if every member "
                 "is sent again, else fails at its collection deadline."
+            )
+        ),
+    ] = 0
+    judge_attempts_total: Annotated[
+        int,
+        Meta(
+            description=(
+                "Judge HTTP requests this server has started since it started (every attempt "
+                "of /verify and /compare comparisons); a collector reports its change over a run."
             )
         ),
     ] = 0

@@ -446,6 +446,7 @@ class Engine:
             "watermarks": stats.watermarks,
             "judge_in_flight": stats.judge_in_flight,
             "legacy_resends_collecting": self.registry.legacy_resends_collecting,
+            "judge_attempts_total": self.judge.attempts_total,
         }
 
 

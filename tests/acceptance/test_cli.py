@@ -215,6 +215,7 @@ def test_serve_on_a_free_port_then_stop(cli: Any, sig: signal.Signals) -> None:
             "watermarks": 0,
             "judge_in_flight": 0,
             "legacy_resends_collecting": 0,
+            "judge_attempts_total": 0,
         }
     status, elapsed = stop_and_time(process, sig)
     assert status == 0

@@ -167,6 +167,7 @@ def test_collect_writes_predicted_rewards_failures_and_metrics(cli: Any, tmp_pat
     assert metrics["this_run"]["group_attempts_sent"] == 64
     calls = _judge_calls(cli, judge_url)
     assert calls == 64 * N  # circular: N comparisons per group, no retries
+    assert metrics["this_run"]["judge_calls"] == calls  # as the server counted them
 
     # Resuming a finished run sends nothing; the metrics can count judge failures as zero.
     again = _collect(
@@ -178,6 +179,7 @@ def test_collect_writes_predicted_rewards_failures_and_metrics(cli: Any, tmp_pat
     assert _judge_calls(cli, judge_url) == calls
     counted = json.loads((tmp_path / "out_metrics.json").read_text())
     assert counted["counted_as_zero"] == masked_total
+    assert counted["this_run"]["judge_calls"] == 0
     assert math.isclose(counted["reward_mean"], sum(rewards) / (64 * N))
     assert counted["scored"] == metrics["scored"]
     assert counted["this_run"]["group_attempts_sent"] == 0

@@ -368,7 +368,9 @@ async def test_long_keys_are_cut_to_160_code_points_in_logs(
 # --- AS-164: /healthz counts ----------------------------------------------------------------
 
 
-def health(active: int, retained: int, watermarks: int, in_flight: int = 0) -> dict[str, Any]:
+def health(
+    active: int, retained: int, watermarks: int, in_flight: int = 0, attempts: int = 0
+) -> dict[str, Any]:
     return {
         "status": "ok",
         "active_groups": active,
@@ -376,6 +378,7 @@ def health(active: int, retained: int, watermarks: int, in_flight: int = 0) -> d
         "watermarks": watermarks,
         "judge_in_flight": in_flight,
         "legacy_resends_collecting": 0,
+        "judge_attempts_total": attempts,
     }
 
 
@@ -392,19 +395,19 @@ async def test_healthz_counts_follow_a_group_through_its_life(
             assert (await server.get("/healthz")).body == health(1, 0, 1)
             second = server.start_verify(nursery, member(1))
             await trio.sleep(0.5)
-            assert (await server.get("/healthz")).body == health(1, 0, 1, in_flight=2)
+            assert (await server.get("/healthz")).body == health(1, 0, 1, 2, attempts=2)
             assert [(await p.result()).reward for p in (first, second)] == [3.0, 3.0]
-        assert (await server.get("/healthz")).body == health(0, 1, 1)
+        assert (await server.get("/healthz")).body == health(0, 1, 1, attempts=2)
 
         await trio.sleep(3600)
         async with trio.open_nursery() as nursery:
             # A legacy member prunes on arrival and leaves no watermark of its own.
             legacy = server.start_verify(nursery, member(0, g=None, a=None))
             await trio.testing.wait_all_tasks_blocked()
-            assert (await server.get("/healthz")).body == health(1, 0, 0)
+            assert (await server.get("/healthz")).body == health(1, 0, 0, attempts=2)
             await server.verify(member(1, g=None, a=None))
             assert (await legacy.result()).reward == 3.0
-        assert (await server.get("/healthz")).body == health(0, 0, 0)
+        assert (await server.get("/healthz")).body == health(0, 0, 0, attempts=4)
 
 
 # --- AS-165 and W-1: routes -----------------------------------------------------------------

@@ -67,6 +67,7 @@ async def assert_no_state(server: Server) -> None:
         "watermarks": 0,
         "judge_in_flight": 0,
         "legacy_resends_collecting": 0,
+        "judge_attempts_total": 0,
     }
 
 

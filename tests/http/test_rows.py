@@ -334,10 +334,11 @@ def test_healthz_reports_status_and_the_counts() -> None:
         "retained_records": 2,
         "active_groups": 1,
         "legacy_resends_collecting": 5,
+        "judge_attempts_total": 6,
     }
     assert render_healthz("ok", counts) == (
         b'{"status":"ok","active_groups":1,"retained_records":2,"watermarks":3,"judge_in_flight":4,'
-        b'"legacy_resends_collecting":5}'
+        b'"legacy_resends_collecting":5,"judge_attempts_total":6}'
     )
     shutting = msgspec.json.decode(render_healthz("shutting_down", counts), type=Healthz)
     assert shutting.status == "shutting_down"
