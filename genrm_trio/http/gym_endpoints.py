@@ -18,7 +18,7 @@ from quart_trio import QuartTrio
 
 from genrm_trio.core.run_metrics import RunMetrics, summarize_rows
 from genrm_trio.http import json_scan
-from genrm_trio.http.wire import BadRequest, error_body
+from genrm_trio.http.wire import BadRequest, error_body, split_members
 
 TASK_INDEX_KEY: Final = "_ng_task_index"
 ROWS_KEY: Final = "verify_responses"
@@ -67,17 +67,7 @@ _ROWS_EXPECTED: Final = "an array of objects"
 
 
 def _members(body: bytes, decode: frozenset[str]) -> dict[str, json_scan.Member]:
-    """W-4: one JSON object without repeated top-level keys."""
-    try:
-        members = json_scan.split_object(body, decode=decode)
-    except json_scan.JsonScanError as exc:
-        raise BadRequest(400, f"invalid JSON body: {exc.reason}") from None
-    by_key: dict[str, json_scan.Member] = {}
-    for member in members:
-        if member.key in by_key:
-            raise BadRequest(400, f"duplicate key '{member.key}'")
-        by_key[member.key] = member
-    return by_key
+    return split_members(body, decode)[0]
 
 
 def parse_seed_session_body(body: bytes) -> None:

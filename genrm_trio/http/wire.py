@@ -364,6 +364,15 @@ def _split(
 ) -> tuple[dict[str, json_scan.Member], list[json_scan.Member]]:
     if len(body) > config.max_body_bytes:
         raise BadRequest(413, f"request body exceeds {config.max_body_bytes} bytes")
+    return split_members(body, decode, decode_as)
+
+
+def split_members(
+    body: bytes,
+    decode: frozenset[str],
+    decode_as: Mapping[str, msgspec.json.Decoder[Any]] | None = None,
+) -> tuple[dict[str, json_scan.Member], list[json_scan.Member]]:
+    """W-4: the body as one JSON object without repeated top-level keys, by key and in order."""
     try:
         members = json_scan.split_object(body, decode=decode, decode_as=decode_as)
     except json_scan.JsonScanError as exc:

@@ -102,18 +102,13 @@ class FakeJudgeApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await serve_lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
+        body = await receive_body(receive)
+        if body is None:
+            return
         target = scope["path"]
         if scope.get("query_string"):
             target += "?" + scope["query_string"].decode("latin-1")
@@ -122,7 +117,7 @@ class FakeJudgeApp:
             for name, value in scope.get("headers", [])
         ]
         reply = self.judge.handle(
-            scope["method"], target, headers, b"".join(chunks), now=trio.current_time()
+            scope["method"], target, headers, body, now=trio.current_time()
         )
         if not reply.tracked:
             await _asgi_respond(send, reply)
@@ -190,7 +185,20 @@ async def _asgi_sleep_unless_disconnected(receive: Receive, delay_s: float) -> b
     return disconnected
 
 
-async def _lifespan(receive: Receive, send: Send) -> None:
+async def receive_body(receive: Receive) -> bytes | None:
+    """An ASGI request's whole body, or None when the client left first."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def serve_lifespan(receive: Receive, send: Send) -> None:
+    """Answer an ASGI lifespan scope: nothing to start or stop."""
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":

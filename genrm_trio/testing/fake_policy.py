@@ -25,6 +25,7 @@ import trio
 
 from genrm_trio.core.texts import convert_history
 from genrm_trio.testing.fake_judge import parse_latency
+from genrm_trio.testing.fake_judge_http import receive_body, serve_lifespan
 
 DEFAULT_MODEL = "fake-policy"
 _CREATED = 1_700_000_000
@@ -236,24 +237,14 @@ class FakePolicyApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await serve_lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        reply = self.policy.handle(scope["method"], scope["path"], b"".join(chunks))
+        body = await receive_body(receive)
+        if body is None:
+            return
+        reply = self.policy.handle(scope["method"], scope["path"], body)
         # Generation time; a caller that leaves meanwhile cancels this task (hypercorn).
         await trio.sleep(reply.delay_s)
         headers = [
