@@ -37,6 +37,7 @@ from genrm_trio.http.wire import (
     EchoValue,
     FileSpan,
     VerifyRequest,
+    body_too_large,
     bound_failure_text,
     error_body,
     masked_row_parts,
@@ -221,15 +222,15 @@ def create_app(
 
     async def read_body() -> bytes:
         if request.content_length is not None and request.content_length > config.max_body_bytes:
-            raise BadRequest(413, f"request body exceeds {config.max_body_bytes} bytes")
+            raise BadRequest(413, body_too_large(config.max_body_bytes))
         try:
             body = await request.get_data(cache=False, as_text=False)
             assert isinstance(body, bytes)
             return body
         except RequestEntityTooLarge:
-            raise BadRequest(413, f"request body exceeds {config.max_body_bytes} bytes") from None
+            raise BadRequest(413, body_too_large(config.max_body_bytes)) from None
 
-    too_large = error_body(f"request body exceeds {config.max_body_bytes} bytes")
+    too_large = error_body(body_too_large(config.max_body_bytes))
 
     @app.post("/verify")
     async def verify() -> Response:
@@ -394,7 +395,7 @@ def create_app(
     async def http_error(exc: HTTPException) -> Response:
         status = exc.code or 500
         if isinstance(exc, RequestEntityTooLarge):
-            return _reply(413, error_body(f"request body exceeds {config.max_body_bytes} bytes"))
+            return _reply(413, error_body(body_too_large(config.max_body_bytes)))
         return _reply(status, error_body(f"{exc.name}: {exc.description}"))
 
     return app

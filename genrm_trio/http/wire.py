@@ -363,8 +363,13 @@ def _split(
     decode_as: Mapping[str, msgspec.json.Decoder[Any]] | None = None,
 ) -> tuple[dict[str, json_scan.Member], list[json_scan.Member]]:
     if len(body) > config.max_body_bytes:
-        raise BadRequest(413, f"request body exceeds {config.max_body_bytes} bytes")
+        raise BadRequest(413, body_too_large(config.max_body_bytes))
     return split_members(body, decode, decode_as)
+
+
+def body_too_large(limit: int) -> str:
+    """W-4's 413 text for a body over `max_body_bytes`."""
+    return f"request body exceeds {limit} bytes"
 
 
 def split_members(
