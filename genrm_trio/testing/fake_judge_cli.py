@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ EXIT_RUNTIME = 1
 EXIT_USAGE = 2
 
 
-def _latency_arg(value: str) -> str:
+def latency_arg(value: str) -> str:
     try:
         parse_latency(value)
     except ValueError as error:
@@ -43,7 +45,7 @@ def _fault_rate_arg(value: str) -> tuple[str, float]:
     return name, probability
 
 
-def _port_arg(value: str) -> int:
+def port_arg(value: str) -> int:
     try:
         port = int(value)
     except ValueError:
@@ -56,13 +58,13 @@ def _port_arg(value: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the `fake-judge` flags of CL-10 to ``parser``."""
     parser.add_argument("--host", default="127.0.0.1", help="listen address")
-    parser.add_argument("--port", type=_port_arg, default=9000, help="listen port; 0 = free port")
+    parser.add_argument("--port", type=port_arg, default=9000, help="listen port; 0 = free port")
     parser.add_argument("--model", default=None, help="the only model name accepted")
     parser.add_argument("--api-key", default=None, help="require Authorization: Bearer <K>")
     parser.add_argument("--seed", type=int, default=0, help="seed of every random draw")
     parser.add_argument(
         "--latency",
-        type=_latency_arg,
+        type=latency_arg,
         default="none",
         help="none, fixed:S, uniform:LO:HI or lognormal:MEDIAN:SIGMA (seconds)",
     )
@@ -111,14 +113,32 @@ def listening_line(host: str, port: int) -> str:
     return f"fake judge listening on http://{shown}:{port}/v1"
 
 
-async def _serve_until_signal(judge: FakeJudge, host: str, port: int) -> None:
+async def _serve_until_signal(
+    serve: Callable[..., Awaitable[None]], ready_line: Callable[[Any], str]
+) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            bound = await nursery.start(serve_fake_judge, judge, host, port)
-            print(listening_line(host, bound), flush=True)
+            bound = await nursery.start(serve)
+            print(ready_line(bound), flush=True)
             async for _ in signals:
                 nursery.cancel_scope.cancel()
                 break
+
+
+def run_until_signal(
+    command: str, serve: Callable[..., Awaitable[None]], ready_line: Callable[[Any], str]
+) -> int:
+    """Run a fake server (started with ``nursery.start(serve)``, which reports where it is
+    bound) until SIGINT or SIGTERM; print ``ready_line(bound)`` once it listens. The exit
+    status."""
+    status = EXIT_OK
+    try:
+        trio.run(_serve_until_signal, serve, ready_line)
+    except* OSError as group:
+        for failure in group.exceptions:
+            print(f"genrm-trio {command}: cannot listen: {failure}", file=sys.stderr)
+        status = EXIT_RUNTIME
+    return status
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,14 +148,11 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, yaml.YAMLError) as error:
         print(f"genrm-trio fake-judge: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    status = EXIT_OK
-    try:
-        trio.run(_serve_until_signal, judge, args.host, args.port)
-    except* OSError as group:
-        for failure in group.exceptions:
-            print(f"genrm-trio fake-judge: cannot listen: {failure}", file=sys.stderr)
-        status = EXIT_RUNTIME
-    return status
+    return run_until_signal(
+        "fake-judge",
+        partial(serve_fake_judge, judge, args.host, args.port),
+        partial(listening_line, args.host),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,18 +5,12 @@ Prints `fake policy listening on http://<host>:<port>/v1` when ready; SIGINT/SIG
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from collections.abc import Callable
+from functools import partial
 
-import trio
-
-from genrm_trio.testing.fake_judge_cli import _latency_arg, _port_arg
+from genrm_trio.testing.fake_judge_cli import EXIT_USAGE, latency_arg, port_arg, run_until_signal
 from genrm_trio.testing.fake_policy import FakePolicy, parse_range, serve_fake_policy
-
-EXIT_OK = 0
-EXIT_RUNTIME = 1
-EXIT_USAGE = 2
 
 
 def _range_arg(what: str) -> Callable[[str], str]:
@@ -42,12 +36,12 @@ def _rate_arg(value: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="listen address")
-    parser.add_argument("--port", type=_port_arg, default=8100, help="listen port; 0 = free port")
+    parser.add_argument("--port", type=port_arg, default=8100, help="listen port; 0 = free port")
     parser.add_argument("--model", default=None, help="the only model name accepted")
     parser.add_argument("--seed", type=int, default=0, help="seed of every random draw")
     parser.add_argument(
         "--latency",
-        type=_latency_arg,
+        type=latency_arg,
         default="lognormal:0.05:1.0",
         help="generation time: none, fixed:S, uniform:LO:HI or lognormal:MEDIAN:SIGMA (seconds)",
     )
@@ -76,16 +70,6 @@ def policy_from_args(args: argparse.Namespace) -> FakePolicy:
     )
 
 
-async def _serve_until_signal(policy: FakePolicy, host: str, port: int) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-            url = await nursery.start(serve_fake_policy, policy, host, port)
-            print(f"fake policy listening on {url}/v1", flush=True)
-            async for _ in signals:
-                nursery.cancel_scope.cancel()
-                break
-
-
 def run(args: argparse.Namespace) -> int:
     """Serve the fake policy until SIGINT or SIGTERM; return the exit status."""
     try:
@@ -93,11 +77,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"genrm-trio fake-policy: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    status = EXIT_OK
-    try:
-        trio.run(_serve_until_signal, policy, args.host, args.port)
-    except* OSError as group:
-        for failure in group.exceptions:
-            print(f"genrm-trio fake-policy: cannot listen: {failure}", file=sys.stderr)
-        status = EXIT_RUNTIME
-    return status
+    return run_until_signal(
+        "fake-policy",
+        partial(serve_fake_policy, policy, args.host, args.port),
+        lambda url: f"fake policy listening on {url}/v1",
+    )
