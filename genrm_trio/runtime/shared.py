@@ -1,0 +1,545 @@
+"""The Trio runtime over a shared group store: local waiters, leased evaluations, sweeps.
+
+Several processes serve the same groups. Each /verify runs the core's arrival as one store
+transaction; a request that must wait holds a local one-shot slot keyed by its record's id and
+is woken by the store's notification, or by the sweep that polls the outcome keys of every
+record a local request waits on (a lost notification delays an answer, never strands it).
+The transaction that fills a group also claims its evaluation under a lease with a fencing
+token; the owner renews the lease while it judges, and publishes only through a transaction
+that finds its own token still in the record. Collection deadlines and expired leases are
+found by any process's sweep in the store's sorted sets: a group whose owner died is taken over
+and judged again once its lease has expired, within its evaluation deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from genrm_trio.config import Config
+from genrm_trio.core import messages
+from genrm_trio.core.groups import (
+    Answer,
+    Decision,
+    GroupRegistry,
+    Outcome,
+    Phase,
+    Record,
+    Rejected,
+    Scored,
+    Statistics,
+    Wait,
+    Waiter,
+    group_key,
+)
+from genrm_trio.core.identity import ResponseIdentity
+from genrm_trio.core.pairs import Comparison
+from genrm_trio.core.verdicts import Verdict
+from genrm_trio.judge.client import JudgeFailure
+from genrm_trio.judge.transport import TransportFactory
+from genrm_trio.runtime.engine import Engine, MemberRequest, _first_error
+from genrm_trio.runtime.hooks import Hooks, call_hook
+from genrm_trio.store.records import StoreMeta
+from genrm_trio.store.redis_store import (
+    RedisGroupStore,
+    StoreFailed,
+    Transaction,
+    group_ref,
+    record_ref,
+)
+from genrm_trio.store.resp import StoreUnavailable
+
+log = logging.getLogger("genrm_trio")
+
+
+class SharedEngine(Engine):
+    """A server instance whose groups live in a shared store (SPEC X-4, X-1)."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: RedisGroupStore,
+        *,
+        judge_transport: TransportFactory | None = None,
+        hooks: Hooks | None = None,
+        poll_s: float = 1.0,
+        notifications: bool = True,
+    ) -> None:
+        super().__init__(config, judge_transport=judge_transport, hooks=hooks)
+        self.store = store
+        self.poll_s = poll_s
+        self.notifications = notifications
+        self._closed = False
+        # record id -> this process's waiting requests on it: (slot, one-shot slot)
+        self._waiting: dict[str, list[tuple[int, Waiter]]] = {}
+        self._evaluations: dict[str, trio.CancelScope] = {}  # record id -> owned evaluation
+        # One transaction at a time per group from this process: arrivals of one group come
+        # together, and letting them race each other's WATCH only makes them retry.
+        self._group_locks: dict[str, tuple[trio.Lock, int]] = {}
+        self.published = 0
+        self.refused = 0
+
+    # ---- lifetime ------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if self.notifications:
+                nursery.start_soon(self._listen)
+            nursery.start_soon(self._sweep)
+            task_status.started()
+            await self._stopped.wait()
+            nursery.cancel_scope.cancel()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def begin_shutdown(self) -> None:
+        """Answer this process's waiters and stop its evaluations; the groups stay in the store.
+
+        Other processes still serve the same groups, so shutting one down fails none of them:
+        an evaluation this process owned is taken over when its lease expires.
+        """
+        if self._shutdown_started:
+            return
+        self._shutdown_started = True
+        self._closed = True
+        log.info("GenRM server shutting down")
+        shutting_down = Rejected(503, messages.SHUTTING_DOWN)
+        waiting, self._waiting = self._waiting, {}
+        for waiters in waiting.values():
+            for _, waiter in waiters:
+                waiter.resolve(shutting_down)
+        for scope in self._evaluations.values():
+            scope.cancel()
+
+    async def shutdown(self) -> None:
+        self.begin_shutdown()
+        if self._shutdown_done.is_set():
+            return
+        with trio.move_on_after(self.config.shutdown_grace_s, shield=True):
+            if self._owned_tasks:
+                await self._tasks_done.wait()
+        with trio.move_on_after(self.config.shutdown_grace_s, shield=True):
+            await self.judge.aclose()
+            await self.store.aclose()
+        self._stopped.set()
+        self._shutdown_done.set()
+        log.info("GenRM server shut down")
+
+    # ---- /verify -------------------------------------------------------------------------------
+
+    async def verify(
+        self,
+        request: MemberRequest,
+        *,
+        after_reply: list[Callable[[], None]] | None = None,
+        on_wait: Callable[[ResponseIdentity], None] | None = None,
+    ) -> Outcome:
+        prepared = self._arrival(request)
+        if isinstance(prepared, Scored | Rejected):
+            return prepared
+        arrival, identity = prepared
+        # Extraction runs once per accepted member even if the transaction is run again (C-31).
+        arrival.prepare = _once(arrival.prepare)
+        woken = trio.Event()
+        legacy_key = None
+        if arrival.group_id is None:
+            legacy_key = group_key(
+                None, arrival.attempt, arrival.task_index, arrival.prompt_id, arrival.digest
+            )
+        ref = group_ref(arrival.group_id, legacy_key)
+        # Dropped once the transaction is done: a waiting request keeps only what its reply
+        # echoes (I-10).
+        held = [arrival]
+        del arrival, prepared
+
+        def step(tx: Transaction[Any]) -> Decision:
+            return tx.registry.arrive(held[0], tx.now, woken.set)
+
+        def before_commit(tx: Transaction[Any]) -> Callable[[], None] | None:
+            # Registered before EXEC: the outcome can be published the moment EXEC applies.
+            reply = tx.result.reply if tx.result is not None else None
+            if not isinstance(reply, Wait):
+                return None
+            return self._register(_rid(reply.record), reply.slot, reply.waiter)
+
+        try:
+            async with self._group_lock(ref):
+                tx = await self.store.transact(ref, step, before_commit=before_commit)
+        except StoreFailed as exc:
+            identity.release()
+            return Rejected(503, str(exc))
+        finally:
+            held.clear()
+        self._after(tx)
+        decision = tx.result
+        assert decision is not None
+        reply = decision.reply
+        # The member's identity is in the store now (digest and canonical fingerprint): this
+        # process needs the bytes only for the reply's echo, which the request holds itself.
+        if isinstance(reply, Answer):
+            identity.release()
+            return reply.outcome
+        if on_wait is not None:
+            on_wait(identity)
+        try:
+            await woken.wait()
+        except BaseException:
+            # A disconnect removes only this request's waiter (C-51); the group goes on.
+            self._unregister(_rid(reply.record), reply.waiter)
+            identity.release()
+            raise
+        if after_reply is None:
+            identity.release()
+        else:
+            after_reply.append(identity.release)
+        assert reply.waiter.outcome is not None
+        return reply.waiter.outcome
+
+    @asynccontextmanager
+    async def _group_lock(self, ref: str) -> Any:
+        lock, users = self._group_locks.get(ref, (None, 0))
+        if lock is None:
+            lock = trio.Lock()
+        self._group_locks[ref] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._group_locks[ref]
+            if users == 1:
+                del self._group_locks[ref]
+            else:
+                self._group_locks[ref] = (lock, users - 1)
+
+    def _register(self, rid: str, slot: int, waiter: Waiter) -> Callable[[], None]:
+        self._waiting.setdefault(rid, []).append((slot, waiter))
+        return lambda: self._unregister(rid, waiter)
+
+    def _unregister(self, rid: str, waiter: Waiter) -> None:
+        waiters = self._waiting.get(rid)
+        if waiters is None:
+            return
+        waiters[:] = [entry for entry in waiters if entry[1] is not waiter]
+        if not waiters:
+            del self._waiting[rid]
+
+    def _deliver(self, record: Record) -> None:
+        """Answer every local waiter of a finished record with its slot's outcome."""
+        waiters = self._waiting.pop(_rid(record), None)
+        for slot, waiter in waiters or ():
+            outcome = self.registry.settled_outcome(record, slot)
+            assert outcome is not None, "a finished record answers every slot"
+            waiter.resolve(outcome)
+
+    def _after(self, tx: Transaction[Any]) -> None:
+        """Run what a committed transaction asks of this process."""
+        finished = tx.finished
+        if finished is not None:
+            # Local waiters need not wait for the notification; an evaluation of ours that
+            # this transaction ended (supersession) stops at once.
+            self._deliver(finished)
+            scope = self._evaluations.get(_rid(finished))
+            if scope is not None and finished is not tx.claimed:
+                scope.cancel()
+        if tx.claimed is not None and not self._closed:
+            self._spawn(self._evaluate, tx.claimed, tx.now)
+
+    # ---- wake-ups ------------------------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        """Follow the store's notifications; after every (re)subscription, poll once."""
+        while True:
+            try:
+                connection = await self.store.client.connect()
+            except StoreUnavailable:
+                await trio.sleep(self.poll_s)
+                continue
+            try:
+                await connection.pipeline([["SUBSCRIBE", self.store.channel]])
+                await self._poll_waiters()
+                while True:
+                    message = await connection.receive()
+                    if isinstance(message, list) and message and message[0] == b"message":
+                        rid = message[2].decode()
+                        if rid in self._waiting:
+                            for record in (await self.store.finished_records([rid])).values():
+                                self._deliver(record)
+            except (StoreUnavailable, StoreFailed):
+                await trio.sleep(self.poll_s)
+            finally:
+                await connection.aclose()
+
+    async def _poll_waiters(self) -> None:
+        for record in (await self.store.finished_records(list(self._waiting))).values():
+            self._deliver(record)
+
+    async def _sweep(self) -> None:
+        """Every poll interval: waiters' outcomes, expired collections, expired leases."""
+        while True:
+            await trio.sleep(self.poll_s)
+            try:
+                await self._poll_waiters()
+                for ref in await self.store.due(self.store.due_set):
+                    self._after(await self.store.transact(ref, self._collection_expired))
+                for ref in await self.store.due(self.store.lease_set):
+                    self._after(await self.store.transact(ref, self._take_over))
+            except StoreFailed as exc:
+                log.debug("GenRM group store sweep failed: %s", exc)
+
+    @staticmethod
+    def _collection_expired(tx: Transaction[Any]) -> None:
+        record = tx.loaded
+        if record is not None and record.phase is Phase.COLLECTING:
+            meta = _meta(record)
+            if meta.collection_due <= tx.now:
+                tx.registry.collection_expired(record, tx.now)
+
+    def _take_over(self, tx: Transaction[Any]) -> None:
+        """An evaluation whose owner stopped renewing its lease: claim it, or fail it if its
+        evaluation deadline has passed meanwhile."""
+        record = tx.loaded
+        if record is None or record.phase is not Phase.EVALUATING:
+            return
+        meta = _meta(record)
+        if meta.lease_until is None or meta.lease_until > tx.now:
+            return
+        assert meta.evaluation_due is not None
+        if meta.evaluation_due <= tx.now:
+            tx.registry.evaluation_deadline(record, 0, tx.now)
+            return
+        log.warning(
+            "GenRM took over the evaluation of key='%s' after its owner's lease expired",
+            messages.log_key(record.key),
+        )
+        tx.claim(record, self.store.lease_s)
+
+    # ---- evaluation (owner) ----------------------------------------------------------------
+
+    async def _evaluate(self, record: Record, claimed_at: float) -> None:
+        """Judge a claimed record and publish its outcome through the fence."""
+        meta = _meta(record)
+        rid, fence = meta.rid, meta.fence
+        ref = record_ref(record)
+        assert meta.evaluation_due is not None
+        deadline = trio.current_time() + (meta.evaluation_due - claimed_at)
+        lane = self.judge.slots.lane(complete=True)
+        verdicts: dict[int, Verdict] = {}
+        finished = 0
+        scope = trio.CancelScope()
+        self._evaluations[rid] = scope
+
+        def owned(tx: Transaction[Any]) -> Record | None:
+            current = tx.loaded
+            if current is None or current.phase is not Phase.EVALUATING:
+                return None
+            current_meta = _meta(current)
+            if current_meta.rid != rid or current_meta.fence != fence:
+                return None
+            return current
+
+        async def compare(comparison: Comparison) -> None:
+            nonlocal finished
+            await call_hook(
+                self.hooks.on_comparison_start,
+                comparison.first,
+                comparison.second,
+                comparison.judge_pass,
+            )
+            task = self._judge_task(record, comparison, lane)
+            result = await self.judge.judge(task, deadline=lambda: deadline)
+            finished += 1
+            if isinstance(result, JudgeFailure):
+                self.registry.comparison_failed(record, comparison, result.text)
+            else:
+                verdicts[comparison.index] = result.verdict
+
+        async def renew(lost: trio.CancelScope) -> None:
+            def extend(tx: Transaction[Any]) -> bool:
+                current = owned(tx)
+                if current is None:
+                    return False
+                _meta(current).lease_until = tx.now + self.store.lease_s
+                return True
+
+            while True:
+                await trio.sleep(self.store.lease_s / 3)
+                await call_hook(self.hooks.on_lease_renewal, record.key)
+                try:
+                    tx = await self.store.transact(ref, extend)
+                except StoreFailed:
+                    continue
+                if not tx.result:
+                    lost.cancel()  # superseded, failed, or taken over: nothing to publish
+                    return
+
+        publish: Callable[[Transaction[Any]], bool] | None = None
+        try:
+            with scope:
+                async with trio.open_nursery() as outer:
+                    outer.start_soon(renew, scope)
+                    async with trio.open_nursery() as comparisons:
+                        comparisons.cancel_scope.deadline = deadline
+                        await call_hook(self.hooks.on_evaluation_start, record.key)
+                        for comparison in record.plan:
+                            comparisons.start_soon(compare, comparison)
+                    outer.cancel_scope.cancel()
+                expired = comparisons.cancel_scope.cancel_called
+
+                def finish(tx: Transaction[Any]) -> bool:
+                    current = owned(tx)
+                    if current is None:
+                        return False
+                    current.failed_comparisons = dict(record.failed_comparisons)
+                    if expired:
+                        tx.registry.evaluation_deadline(current, finished, tx.now)
+                    else:
+                        tx.registry.finish_evaluation(current, verdicts, tx.now)
+                    return True
+
+                publish = finish
+        except Exception as exc:
+            cause = _first_error(exc)
+            log.error(
+                "GenRM cohort evaluation failed for key='%s'",
+                messages.log_key(record.key),
+                exc_info=cause,
+            )
+            text = messages.evaluation_failed(cause)
+
+            def fail(tx: Transaction[Any]) -> bool:
+                current = owned(tx)
+                if current is None:
+                    return False
+                tx.registry.fail_evaluation(current, text, tx.now)
+                return True
+
+            publish = fail
+        finally:
+            del self._evaluations[rid]
+        if publish is None:
+            return  # lost the lease, superseded, or this process is shutting down
+        await self._publish(ref, publish)
+
+    async def _publish(self, ref: str, step: Callable[[Transaction[Any]], bool]) -> None:
+        """Store the outcome; while the store is down, try again until it answers or the
+        fence refuses (another process took the evaluation over meanwhile)."""
+        while True:
+            try:
+                tx = await self.store.transact(ref, step)
+            except StoreFailed as exc:
+                log.warning("GenRM could not store an outcome, retrying: %s", exc)
+                await trio.sleep(self.poll_s)
+                continue
+            if tx.result:
+                self.published += 1
+            else:
+                self.refused += 1
+                log.warning("GenRM discarded an evaluation result: the group's fence moved on")
+            self._after(tx)
+            return
+
+    # ---- verification hooks --------------------------------------------------------------
+
+    def statistics(self) -> Statistics:
+        """This process's share: its waiters, tasks and judge calls (groups are in the store)."""
+        return Statistics(
+            collecting=0,
+            evaluating=len(self._evaluations),
+            retained_records=0,
+            watermarks=0,
+            idle_entries=0,
+            waiters=sum(len(w) for w in self._waiting.values()),
+            owned_tasks=self._owned_tasks,
+            judge_in_flight=self.judge.in_flight,
+            prune_visits=0,
+        )
+
+    def check_invariants(self) -> None:
+        if self._shutdown_done.is_set() and (self._owned_tasks or self._waiting):
+            raise AssertionError("owned tasks or waiters left after shutdown")
+
+    def health(self) -> Mapping[str, Any]:
+        stats = self.statistics()
+        return {
+            "active_groups": stats.evaluating,
+            "retained_records": 0,
+            "watermarks": 0,
+            "judge_in_flight": stats.judge_in_flight,
+            "judge_attempts_total": self.judge.attempts_total,
+            "group_store": self.store.name,
+            "group_store_available": self.store.available,
+        }
+
+
+async def check_store_invariants(store: RedisGroupStore, config: Config) -> GroupRegistry:
+    """Load every group of the store into one registry and check SPEC I-2..I-4 on it.
+
+    Also checks that the store's sorted sets name exactly the records and watermarks they stand
+    for. For tests and operators; it reads every key under the prefix.
+    """
+    from genrm_trio.store.records import decode_record, decode_watermark
+
+    registry = GroupRegistry(config)
+    cursor = b"0"
+    keys: list[bytes] = []
+    while True:
+        cursor, batch = await store.call("SCAN", cursor, "MATCH", f"{store.prefix}*", "COUNT", 500)
+        keys += batch
+        if cursor == b"0":
+            break
+    records: dict[str, Record] = {}
+    marks: dict[str, bytes] = {}
+    for key in keys:
+        name = key.decode()[len(store.prefix) :]
+        if name.startswith("r:"):
+            data = await store.call("GET", key)
+            if data is not None:
+                records[name[2:]] = decode_record(data)
+        elif name.startswith("w:"):
+            data = await store.call("GET", key)
+            if data is not None:
+                marks[name[2:]] = data
+    for record in records.values():
+        registry.adopt(record)
+    for group_id, data in marks.items():
+        mark, idle_since = decode_watermark(data)
+        registry.adopt(None, (group_id, mark, idle_since))
+    registry.check_invariants()
+    terminal = {m.decode() for m in await store.call("ZRANGE", f"{store.prefix}terminal", 0, -1)}
+    expected = {ref for ref, r in records.items() if not r.phase.active}
+    if terminal != expected:
+        raise AssertionError(f"terminal set {sorted(terminal)} != records {sorted(expected)}")
+    idle = {m.decode() for m in await store.call("ZRANGE", f"{store.prefix}idle", 0, -1)}
+    if idle != set(registry.idle_order.keys()):
+        raise AssertionError("idle set != idle watermarks")
+    return registry
+
+
+def _meta(record: Record) -> StoreMeta:
+    meta = record.handle
+    assert isinstance(meta, StoreMeta)
+    return meta
+
+
+def _rid(record: Record) -> str:
+    return _meta(record).rid
+
+
+def _once(prepare: Callable[[bool], Any]) -> Callable[[bool], Any]:
+    """Extraction at most once per request; again only if a retried transaction finds the
+    member has become its group's first and the group's inputs are needed too."""
+    done: dict[bool, Any] = {}
+
+    def once(first: bool) -> Any:
+        if first not in done:
+            done[first] = prepare(first)
+        return done[first]
+
+    return once
