@@ -1,0 +1,49 @@
+"""pytest fixtures that give a test a real Redis server with a clean keyspace.
+
+Enable with ``pytest_plugins = ["genrm_trio.testing.redis_fixtures"]``.
+
+- ``redis_server``: a fresh `RedisServer` for this test alone, with its data folder under the
+  test's tmp_path; killed when the test ends.
+- ``shared_redis_server``: one server per test module, emptied (FLUSHALL) before each test and
+  started again if an earlier test stopped or killed it. Cheaper when a module has many tests.
+
+Both use append-only persistence with ``appendfsync always``, so a test may kill the server with
+SIGKILL, start it again on the same port and find every acknowledged write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from genrm_trio.testing.redis_server import RedisServer
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(data_dir=tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def _module_redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(data_dir=tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def shared_redis_server(_module_redis_server: RedisServer) -> RedisServer:
+    if not _module_redis_server.running():
+        _module_redis_server.start()
+    _module_redis_server.flush()
+    return _module_redis_server

