@@ -76,12 +76,15 @@ class SharedEngine(Engine):
         self._closed = False
         # record id -> this process's waiting requests on it: (slot, one-shot slot)
         self._waiting: dict[str, list[tuple[int, Waiter]]] = {}
-        self._evaluations: dict[str, trio.CancelScope] = {}  # record id -> owned evaluation
+        # (record id, fencing token) -> an evaluation this process runs; a process can hold a
+        # stale one and a newer one of the same record (it took its own group over).
+        self._evaluations: dict[tuple[str, int], trio.CancelScope] = {}
         # One transaction at a time per group from this process: arrivals of one group come
         # together, and letting them race each other's WATCH only makes them retry.
         self._group_locks: dict[str, tuple[trio.Lock, int]] = {}
-        self.published = 0
-        self.refused = 0
+        self.claims = 0  # evaluations this process claimed (at the fill, or by taking over)
+        self.published = 0  # outcomes it stored
+        self.refused = 0  # results the fence refused: another claim had come since
 
     # ---- lifetime ------------------------------------------------------------------------------
 
@@ -245,10 +248,12 @@ class SharedEngine(Engine):
             # Local waiters need not wait for the notification; an evaluation of ours that
             # this transaction ended (supersession) stops at once.
             self._deliver(finished)
-            scope = self._evaluations.get(_rid(finished))
-            if scope is not None and finished is not tx.claimed:
-                scope.cancel()
+            if finished is not tx.claimed:
+                for (rid, _), scope in self._evaluations.items():
+                    if rid == _rid(finished):
+                        scope.cancel()
         if tx.claimed is not None and not self._closed:
+            self.claims += 1
             self._spawn(self._evaluate, tx.claimed, tx.now)
 
     # ---- wake-ups ------------------------------------------------------------------------------
@@ -333,7 +338,7 @@ class SharedEngine(Engine):
         verdicts: dict[int, Verdict] = {}
         finished = 0
         scope = trio.CancelScope()
-        self._evaluations[rid] = scope
+        self._evaluations[rid, fence] = scope
 
         def owned(tx: Transaction[Any]) -> Record | None:
             current = tx.loaded
@@ -422,7 +427,7 @@ class SharedEngine(Engine):
 
             publish = fail
         finally:
-            del self._evaluations[rid]
+            del self._evaluations[rid, fence]
         if publish is None:
             return  # lost the lease, superseded, or this process is shutting down
         await self._publish(ref, publish)
@@ -512,12 +517,21 @@ async def check_store_invariants(store: RedisGroupStore, config: Config) -> Grou
         mark, idle_since = decode_watermark(data)
         registry.adopt(None, (group_id, mark, idle_since))
     registry.check_invariants()
-    terminal = {m.decode() for m in await store.call("ZRANGE", f"{store.prefix}terminal", 0, -1)}
+    # Entries whose TTL has passed stand for keys Redis already expired; the next trim drops
+    # them, so they are not counted here.
+    now = await store.time()
+    ttl = config.cohort_result_ttl_s
+
+    async def live(name: str) -> set[str]:
+        flat = await store.call("ZRANGE", f"{store.prefix}{name}", 0, -1, "WITHSCORES")
+        pairs = zip(flat[::2], flat[1::2], strict=True)
+        return {m.decode() for m, score in pairs if ttl is None or now - float(score) < ttl}
+
     expected = {ref for ref, r in records.items() if not r.phase.active}
+    terminal = await live("terminal")
     if terminal != expected:
         raise AssertionError(f"terminal set {sorted(terminal)} != records {sorted(expected)}")
-    idle = {m.decode() for m in await store.call("ZRANGE", f"{store.prefix}idle", 0, -1)}
-    if idle != set(registry.idle_order.keys()):
+    if await live("idle") != set(registry.idle_order.keys()):
         raise AssertionError("idle set != idle watermarks")
     return registry
 

@@ -217,22 +217,20 @@ class RedisGroupStore:
                     except BaseException:
                         connection.broken = True  # still WATCHing: never hand it on
                         raise
-                    if not writes:
-                        await connection.pipeline([["UNWATCH"]])
-                        self.client.round_trips -= 1
-                        self._emit(tx)
-                        self._reached()
-                        return tx
                     undo = before_commit(tx) if before_commit is not None else None
+                    # Even a transition that writes nothing (a duplicate attaching a local
+                    # waiter, a replay) commits through EXEC: it tells whether the group stayed
+                    # as read, so a waiter is never registered on a state already gone.
+                    commands: list[list[Arg]] = [["MULTI"], *writes, ["EXEC"]]
+                    if writes:
+                        commands.append(self._trim_command(now))
                     try:
-                        outcome = await connection.pipeline(
-                            [["MULTI"], *writes, ["EXEC"], self._trim_command(now)]
-                        )
+                        outcome = await connection.pipeline(commands)
                     except BaseException:
                         if undo is not None:
                             undo()
                         raise
-                    if outcome[-2] is None:
+                    if outcome[len(writes) + 1] is None:
                         if undo is not None:
                             undo()
                         self.conflicts += 1
