@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -24,6 +24,7 @@ from genrm_trio.config import Config
 from genrm_trio.core import messages
 from genrm_trio.core.groups import (
     Answer,
+    Arrival,
     Decision,
     GroupRegistry,
     Outcome,
@@ -79,9 +80,7 @@ class SharedEngine(Engine):
         # (record id, fencing token) -> an evaluation this process runs; a process can hold a
         # stale one and a newer one of the same record (it took its own group over).
         self._evaluations: dict[tuple[str, int], trio.CancelScope] = {}
-        # One transaction at a time per group from this process: arrivals of one group come
-        # together, and letting them race each other's WATCH only makes them retry.
-        self._group_locks: dict[str, tuple[trio.Lock, int]] = {}
+        self._queued: dict[str, list[_Arriving]] = {}  # group -> arrivals for its next batch
         self.claims = 0  # evaluations this process claimed (at the fill, or by taking over)
         self.published = 0  # outcomes it stored
         self.refused = 0  # results the fence refused: another claim had come since
@@ -157,31 +156,21 @@ class SharedEngine(Engine):
                 None, arrival.attempt, arrival.task_index, arrival.prompt_id, arrival.digest
             )
         ref = group_ref(arrival.group_id, legacy_key)
-        # Dropped once the transaction is done: a waiting request keeps only what its reply
-        # echoes (I-10).
-        held = [arrival]
+        arriving = _Arriving(arrival, identity, woken)
         del arrival, prepared
-
-        def step(tx: Transaction[Any]) -> Decision:
-            return tx.registry.arrive(held[0], tx.now, woken.set)
-
-        def before_commit(tx: Transaction[Any]) -> Callable[[], None] | None:
-            # Registered before EXEC: the outcome can be published the moment EXEC applies.
-            reply = tx.result.reply if tx.result is not None else None
-            if not isinstance(reply, Wait):
-                return None
-            return self._register(_rid(reply.record), reply.slot, reply.waiter)
-
+        self._enqueue(ref, arriving)
         try:
-            async with self._group_lock(ref):
-                tx = await self.store.transact(ref, step, before_commit=before_commit)
-        except StoreFailed as exc:
+            await arriving.done.wait()
+        except BaseException:
+            if arriving.done.is_set():
+                self._abandon(arriving)
+            else:
+                arriving.abandoned = True  # the batch it is in cleans up after it
+            raise
+        if arriving.failed is not None:
             identity.release()
-            return Rejected(503, str(exc))
-        finally:
-            held.clear()
-        self._after(tx)
-        decision = tx.result
+            return arriving.failed
+        decision = arriving.decision
         assert decision is not None
         reply = decision.reply
         # The member's identity is in the store now (digest and canonical fingerprint): this
@@ -195,8 +184,7 @@ class SharedEngine(Engine):
             await woken.wait()
         except BaseException:
             # A disconnect removes only this request's waiter (C-51); the group goes on.
-            self._unregister(_rid(reply.record), reply.waiter)
-            identity.release()
+            self._abandon(arriving)
             raise
         if after_reply is None:
             identity.release()
@@ -205,21 +193,85 @@ class SharedEngine(Engine):
         assert reply.waiter.outcome is not None
         return reply.waiter.outcome
 
-    @asynccontextmanager
-    async def _group_lock(self, ref: str) -> Any:
-        lock, users = self._group_locks.get(ref, (None, 0))
-        if lock is None:
-            lock = trio.Lock()
-        self._group_locks[ref] = (lock, users + 1)
+    def _enqueue(self, ref: str, arriving: _Arriving) -> None:
+        """Arrivals of one group in this process go to the store together, one transaction
+        per batch: the members of a group come within milliseconds, and one transaction each
+        would only make them retry on each other's WATCH."""
+        queue = self._queued.get(ref)
+        if queue is not None:
+            queue.append(arriving)
+            return
+        self._queued[ref] = [arriving]
+        self._spawn(self._flush, ref)
+
+    async def _flush(self, ref: str) -> None:
+        batch: list[_Arriving] = []
         try:
-            async with lock:
-                yield
+            while True:
+                batch = self._queued[ref]
+                if not batch:
+                    del self._queued[ref]
+                    return
+                self._queued[ref] = []
+                await self._apply_batch(ref, batch)
         finally:
-            lock, users = self._group_locks[ref]
-            if users == 1:
-                del self._group_locks[ref]
-            else:
-                self._group_locks[ref] = (lock, users - 1)
+            # Cancelled (shutdown): whoever still waits for a transaction is told so.
+            unanswered = [a for a in batch + self._queued.pop(ref, []) if not a.done.is_set()]
+            for arriving in unanswered:
+                arriving.failed = Rejected(503, messages.SHUTTING_DOWN)
+                arriving.done.set()
+
+    async def _apply_batch(self, ref: str, batch: list[_Arriving]) -> None:
+        def step(tx: Transaction[Any]) -> list[Decision]:
+            decisions = []
+            for arriving in batch:
+                assert arriving.arrival is not None
+                decisions.append(tx.registry.arrive(arriving.arrival, tx.now, arriving.woken.set))
+            return decisions
+
+        def before_commit(tx: Transaction[Any]) -> Callable[[], None] | None:
+            # Registered before EXEC: the outcome can be published the moment EXEC applies.
+            undo: list[Callable[[], None]] = []
+            for decision in tx.result or ():
+                reply = decision.reply
+                if isinstance(reply, Wait):
+                    undo.append(self._register(_rid(reply.record), reply.slot, reply.waiter))
+
+            def undo_all() -> None:
+                for each in undo:
+                    each()
+
+            return undo_all
+
+        try:
+            tx = await self.store.transact(ref, step, before_commit=before_commit)
+        except StoreFailed as exc:
+            for arriving in batch:
+                arriving.failed = Rejected(503, str(exc))
+        except Exception as exc:
+            # A defect, not the store: these requests fail, the server and the group go on.
+            log.error("GenRM group store transaction failed", exc_info=exc)
+            text = f"GenRM group store transaction failed: {messages.exception_text(exc)}"
+            for arriving in batch:
+                arriving.failed = Rejected(503, text)
+        else:
+            assert tx.result is not None
+            for arriving, decision in zip(batch, tx.result, strict=True):
+                arriving.decision = decision
+            self._after(tx)
+        for arriving in batch:
+            # A waiting request keeps only what its reply echoes (I-10).
+            arriving.arrival = None
+            arriving.done.set()
+            if arriving.abandoned:
+                self._abandon(arriving)
+
+    def _abandon(self, arriving: _Arriving) -> None:
+        """The request left: drop its local waiter, if any, and its response's bytes."""
+        reply = arriving.decision.reply if arriving.decision is not None else None
+        if isinstance(reply, Wait):
+            self._unregister(_rid(reply.record), reply.waiter)
+        arriving.identity.release()
 
     def _register(self, rid: str, slot: int, waiter: Waiter) -> Callable[[], None]:
         self._waiting.setdefault(rid, []).append((slot, waiter))
@@ -534,6 +586,19 @@ async def check_store_invariants(store: RedisGroupStore, config: Config) -> Grou
     if await live("idle") != set(registry.idle_order.keys()):
         raise AssertionError("idle set != idle watermarks")
     return registry
+
+
+@dataclass(eq=False)
+class _Arriving:
+    """One /verify on its way into a batch, and what its transaction decided."""
+
+    arrival: Arrival | None
+    identity: ResponseIdentity
+    woken: trio.Event
+    done: trio.Event = field(default_factory=trio.Event)
+    decision: Decision | None = None
+    failed: Rejected | None = None
+    abandoned: bool = False  # the request left before its batch was applied
 
 
 def _meta(record: Record) -> StoreMeta:
