@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import sys
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
@@ -190,10 +189,6 @@ def create_app(
     """Build an independent server instance; `judge_transport` replaces the judge's network."""
     if not isinstance(config, Config):
         config = config_from_mapping(config)
-    # Free-form values may hold integers of any size and are echoed and fingerprinted exactly
-    # (W-21, C-20); Python's default cap of 4300 digits would turn them into errors. Bodies
-    # are bounded by max_body_bytes, which bounds the cost of converting them.
-    sys.set_int_max_str_digits(0)
     app = GenRMApp("genrm_trio")
     # A /verify waits for its whole group: Quart's default 60 s response timeout would cut
     # waiting requests off long before the group's own deadlines.

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -356,6 +358,25 @@ async def test_non_standard_literals_are_echoed_and_fingerprinted() -> None:
         replay = await server.verify(text)
         assert replay.raw == replies[0].raw
         assert server.calls() == 2
+
+
+@pytest.mark.usefixtures("default_digit_cap")
+async def test_integers_of_any_length_are_echoed_and_fingerprinted_exactly() -> None:
+    # W-21, C-20: JSON puts no bound on an integer's digits; the server reads them without
+    # lifting Python's 4,300-digit cap for the process that embeds it.
+    huge = b"7" * 5000
+    text = encode(member(0)).replace(b'"id": ', b'"seed": ' + huge + b', "id": ')
+    async with running_server() as server:
+        assert sys.get_int_max_str_digits() == 4300
+        replies = await server.verify_all([text, encode(member(1))])
+        assert [r.status for r in replies] == [200, 200]
+        assert re.search(rb'"seed":\s*' + huge + rb"\s*,", replies[0].raw)
+        one_digit_off = text.replace(huge, huge[:-1] + b"8")
+        assert (await server.verify(one_digit_off)).status == 409
+        replay = await server.verify(text)
+        assert replay.raw == replies[0].raw
+        assert server.calls() == 2
+    assert sys.get_int_max_str_digits() == 4300
 
 
 # --- §10.3 reply shape and echo ---------------------------------------------------------------
