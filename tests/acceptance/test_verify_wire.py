@@ -11,6 +11,7 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
 import trio
 import trio.testing
@@ -332,9 +333,30 @@ async def test_unknown_routes_and_methods_answer_json_errors_not_500() -> None:
         assert_error(get_verify, 405)
         response = await server.client.get("/verify")
         assert response.headers["content-type"].startswith("application/json")
+        assert response.headers["allow"] == "POST"
         post_health = await server.post("/healthz", b"{}")
         assert_error(post_health, 405)
         await assert_no_state(server)
+
+
+async def test_verify_mounted_under_a_prefix_is_the_same_route() -> None:
+    async with running_server() as server:
+        transport = httpx.ASGITransport(app=server.app, root_path="/genrm")  # type: ignore[arg-type]
+        replies: dict[str, Any] = {}
+
+        async def post_mounted() -> None:
+            replies["mounted"] = await client.post("/genrm/verify", content=encode(member(0)))
+
+        async with (
+            httpx.AsyncClient(transport=transport, base_url="http://genrm.test") as client,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(post_mounted)
+            replies["direct"] = await server.verify(member(1))
+        mounted, direct = replies["mounted"], replies["direct"]
+        assert (mounted.status_code, direct.status) == (200, 200)
+        assert json.loads(mounted.content)["reward"] == 3.0
+        assert server.calls() == 2
 
 
 async def test_non_standard_literals_are_echoed_and_fingerprinted() -> None:
