@@ -51,7 +51,8 @@ import trio.testing
 from genrm_trio.config import Config, config_from_mapping
 from genrm_trio.core import messages
 from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
-from genrm_trio.http.wire import METRIC_KEYS, parse_verify_body
+from genrm_trio.http.bodies import METRIC_KEYS
+from genrm_trio.http.parsing import parse_verify_body
 from genrm_trio.judge.transport import CLOSED_BEFORE_REPLY
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
