@@ -29,24 +29,19 @@ from genrm_trio.core import messages
 from genrm_trio.core.canonical import fingerprint_json
 from genrm_trio.core.groups import Masked, Outcome, Scored
 from genrm_trio.core.identity import ResponseIdentity
+from genrm_trio.http.bodies import BadRequest, EchoValue, FileSpan, VerifyRequest
 from genrm_trio.http.gym_endpoints import register_gym_routes
 from genrm_trio.http.openapi import openapi_json
-from genrm_trio.http.spool import Spool, SpoolBudget, SpoolError, SpoolFile, spool_failed
-from genrm_trio.http.wire import (
-    BadRequest,
-    EchoValue,
-    FileSpan,
-    VerifyRequest,
-    body_too_large,
+from genrm_trio.http.parsing import body_too_large, parse_compare_body, parse_verify_body
+from genrm_trio.http.rendering import (
     bound_failure_text,
     error_body,
     masked_row_parts,
-    parse_compare_body,
-    parse_verify_body,
     render_compare_reply,
     render_healthz,
     scored_row_parts,
 )
+from genrm_trio.http.spool import Spool, SpoolBudget, SpoolError, SpoolFile, spool_failed
 from genrm_trio.judge.transport import TransportFactory
 from genrm_trio.runtime.compare import CompareUnavailable, run_compare
 from genrm_trio.runtime.engine import Engine
