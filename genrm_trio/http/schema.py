@@ -31,13 +31,15 @@ class ResponsesCreateParams(msgspec.Struct, frozen=True, kw_only=True):
         str | list[dict[str, Any]],
         Meta(description="The prompt: a string or message-like items."),
     ]
-    metadata: (
-        Annotated[
-            dict[str, Any],
-            Meta(description="`baseline_response` is required here under fixed_baseline."),
-        ]
-        | UnsetType
-    ) = UNSET
+    metadata: Annotated[
+        Any,
+        Meta(
+            description=(
+                "Under fixed_baseline, required: an object whose `baseline_response` is a "
+                "non-empty string. Under the other strategies it is echoed, not read."
+            )
+        ),
+    ] = UNSET
 
 
 class ResponseObject(msgspec.Struct, frozen=True, kw_only=True):
@@ -120,9 +122,15 @@ class CompareRequestDoc(msgspec.Struct, frozen=True, kw_only=True):
         list[ResponseObject], Meta(description="At most max_compare_responses entries.")
     ]
     principle: str | None = None
-    baseline_response: (
-        Annotated[str, Meta(min_length=1, description="Required under fixed_baseline.")] | UnsetType
-    ) = UNSET
+    baseline_response: Annotated[
+        Any,
+        Meta(
+            description=(
+                "Under fixed_baseline, required: a non-empty string. Under the other strategies "
+                "it is not read, whatever it holds."
+            )
+        ),
+    ] = UNSET
 
 
 class ComparisonResult(msgspec.Struct, frozen=True, kw_only=True):
