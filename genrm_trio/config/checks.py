@@ -182,6 +182,20 @@ def _non_empty_text(value: Any) -> str:
     return value
 
 
+def _group_store(value: Any) -> str:
+    from genrm_trio.store.resp import StoreAddress
+
+    if value == "memory":
+        return value
+    if not isinstance(value, str):
+        raise InvalidValue("must be 'memory' or a redis:// or rediss:// URL", value)
+    try:
+        StoreAddress.parse(value)
+    except ValueError as exc:
+        raise InvalidValue(str(exc), url_without_userinfo(value)) from None
+    return value
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise InvalidValue("must be a string", value)
@@ -315,6 +329,10 @@ _CHECKS: dict[str, _Check] = {
     "log_level": _choice(LogLevel),
     "debug_logging": _boolean,
     "early_judging": _boolean,
+    "group_store": _group_store,
+    "group_store_key_prefix": _non_empty_text,
+    "group_store_lease_s": _number(above=0),
+    "group_store_poll_s": _number(above=0),
 }
 
 CONFIG_KEYS: tuple[str, ...] = tuple(_CHECKS)

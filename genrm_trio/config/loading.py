@@ -207,12 +207,18 @@ def public_view(config: Config) -> dict[str, Any]:
     view["judge_base_url"] = url_without_userinfo(config.judge_base_url)
     view["judge_api_key"] = "<set>" if resolve_api_key(config) is not None else None
     view[SAMPLING_KEY] = copy.deepcopy(config.genrm_responses_create_params)
+    view["group_store"] = url_without_userinfo(config.group_store)
     return view
 
 
 def config_warnings(config: Config) -> list[str]:
     """Settings that are accepted but partly ineffective, as startup WARNING texts (CF-10)."""
     warnings: list[str] = []
+    if config.early_judging and config.group_store != "memory":
+        warnings.append(
+            "early_judging has no effect with a shared group_store: a group's comparisons "
+            "start when its last member is stored"
+        )
     if config.judge_request_timeout_s > config.cohort_evaluation_timeout_s:
         warnings.append(
             f"judge_request_timeout_s ({format_seconds(config.judge_request_timeout_s)}) is "

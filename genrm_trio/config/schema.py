@@ -75,6 +75,12 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     log_level: LogLevel = "INFO"
     debug_logging: bool = False
     early_judging: bool = False
+    # Where groups live: this process's memory, or a Redis/Valkey URL shared by several
+    # processes (SPEC X-4). The password may come from the URL or GENRM_GROUP_STORE_PASSWORD.
+    group_store: str = "memory"
+    group_store_key_prefix: str = "genrm:"  # lets several deployments share one database
+    group_store_lease_s: float = 30.0  # an evaluation owner's lease, renewed every third
+    group_store_poll_s: float = 1.0  # sweeps: deadlines, expired leases, missed wake-ups
 
     @property
     def group_mode(self) -> bool:

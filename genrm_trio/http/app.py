@@ -46,6 +46,7 @@ from genrm_trio.judge.transport import TransportFactory
 from genrm_trio.runtime.compare import CompareUnavailable, run_compare
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
+from genrm_trio.runtime.stores import build_engine
 
 log = logging.getLogger("genrm_trio")
 
@@ -191,7 +192,7 @@ def create_app(
     # waiting requests off long before the group's own deadlines.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
-    engine = Engine(config, judge_transport=judge_transport, hooks=hooks)
+    engine = build_engine(config, judge_transport=judge_transport, hooks=hooks)
     app.engine = engine
     budget = SpoolBudget(config.waiting_body_memory_bytes)
     spool = Spool(config.spool_dir)
@@ -366,8 +367,11 @@ def create_app(
     @app.get("/healthz")
     async def healthz() -> Response:
         if engine.closed:
-            return _reply(503, render_healthz("shutting_down", engine.health()))
-        return _reply(200, render_healthz("ok", engine.health()))
+            return _reply(
+                503, render_healthz("shutting_down", engine.health(), engine.store_status())
+            )
+        await engine.refresh_health()
+        return _reply(200, render_healthz("ok", engine.health(), engine.store_status()))
 
     @app.get("/openapi.json")
     async def openapi() -> Response:

@@ -133,9 +133,11 @@ def render_compare_reply(
     return _ENCODER.encode(reply)
 
 
-def render_healthz(status: str, counts: Mapping[str, int]) -> bytes:
-    """W-50: the status, the four state counts, the count of resent legacy groups and the judge
-    attempts started so far."""
+def render_healthz(
+    status: str, counts: Mapping[str, int], store: tuple[str, bool] = ("memory", True)
+) -> bytes:
+    """W-50: the status, the four state counts, the count of resent legacy groups, the judge
+    attempts started so far, and the group store (X-4)."""
     if status not in ("ok", "shutting_down"):
         raise ValueError(f"unknown health status {status!r}")
     return _ENCODER.encode(
@@ -147,6 +149,8 @@ def render_healthz(status: str, counts: Mapping[str, int]) -> bytes:
             judge_in_flight=counts["judge_in_flight"],
             legacy_resends_collecting=counts.get("legacy_resends_collecting", 0),
             judge_attempts_total=counts.get("judge_attempts_total", 0),
+            group_store=store[0],
+            group_store_available=store[1],
         )
     )
 

@@ -183,6 +183,23 @@ class Healthz(msgspec.Struct, frozen=True, kw_only=True):
             )
         ),
     ] = 0
+    group_store: Annotated[
+        str,
+        Meta(
+            description=(
+                "Where groups live: 'memory', or the shared store's URL without credentials."
+            )
+        ),
+    ] = "memory"
+    group_store_available: Annotated[
+        bool,
+        Meta(
+            description=(
+                "Whether the shared store answered this health check; while it does not, "
+                "/verify answers 503 naming it and the group counts are this process's own."
+            )
+        ),
+    ] = True
 
 
 class ErrorReply(msgspec.Struct, frozen=True, kw_only=True):

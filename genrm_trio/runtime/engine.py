@@ -452,6 +452,13 @@ class Engine:
         if self._shutdown_done.is_set() and self._owned_tasks:
             raise AssertionError("owned tasks still running after shutdown")
 
+    def store_status(self) -> tuple[str, bool]:
+        """Where groups live, and whether that store answered its last use."""
+        return "memory", True
+
+    async def refresh_health(self) -> None:
+        """Bring the figures of ``health`` up to date (a shared store is asked for its own)."""
+
     def health(self) -> Mapping[str, int]:
         stats = self.statistics()
         return {

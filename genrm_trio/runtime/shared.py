@@ -81,6 +81,7 @@ class SharedEngine(Engine):
         # stale one and a newer one of the same record (it took its own group over).
         self._evaluations: dict[tuple[str, int], trio.CancelScope] = {}
         self._queued: dict[str, list[_Arriving]] = {}  # group -> arrivals for its next batch
+        self._store_counts: dict[str, int] | None = None
         self.claims = 0  # evaluations this process claimed (at the fill, or by taking over)
         self.published = 0  # outcomes it stored
         self.refused = 0  # results the fence refused: another claim had come since
@@ -522,16 +523,28 @@ class SharedEngine(Engine):
         if self._shutdown_done.is_set() and (self._owned_tasks or self._waiting):
             raise AssertionError("owned tasks or waiters left after shutdown")
 
-    def health(self) -> Mapping[str, Any]:
-        stats = self.statistics()
-        return {
-            "active_groups": stats.evaluating,
+    def store_status(self) -> tuple[str, bool]:
+        return self.store.name, self.store.available
+
+    async def refresh_health(self) -> None:
+        """Count the deployment's groups in the store; this doubles as a reachability check."""
+        try:
+            self._store_counts = await self.store.counts()
+        except StoreFailed:
+            self._store_counts = None
+
+    def health(self) -> Mapping[str, int]:
+        """The deployment's groups as the store counted them at the last health check (this
+        process's own evaluations while the store is unreachable), and this process's judge."""
+        counts = self._store_counts or {
+            "active_groups": len(self._evaluations),
             "retained_records": 0,
             "watermarks": 0,
-            "judge_in_flight": stats.judge_in_flight,
+        }
+        return {
+            **counts,
+            "judge_in_flight": self.judge.in_flight,
             "judge_attempts_total": self.judge.attempts_total,
-            "group_store": self.store.name,
-            "group_store_available": self.store.available,
         }
 
 

@@ -11,7 +11,7 @@ import trio
 
 from genrm_trio.config import Config, config_from_mapping
 from genrm_trio.core.groups import Outcome
-from genrm_trio.http.wire import parse_verify_body
+from genrm_trio.http.parsing import parse_verify_body
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.runtime.shared import SharedEngine
 from genrm_trio.store.redis_store import RedisGroupStore

@@ -266,11 +266,11 @@ async def test_store_down_answers_503_naming_it_and_recovers(redis_server: Redis
         assert down.detail.startswith(
             f"GenRM group store redis://127.0.0.1:{redis_server.port}/0 is unavailable: "
         )
-        assert a.health()["group_store_available"] is False
+        assert a.store_status() == (a.store.name, False)
         redis_server.start()
         results = await send_all([(a, member(0, 4)), (b, member(1, 2))])
         assert rewards(results) == {0: 4.0, 1: 2.0}
-        assert a.health()["group_store_available"] is True
+        assert a.store_status() == (a.store.name, True)
         assert judge.stats()["requests_total"] == 2
 
 
