@@ -71,6 +71,8 @@ async def assert_no_state(server: Server) -> None:
         "judge_in_flight": 0,
         "legacy_resends_collecting": 0,
         "judge_attempts_total": 0,
+        "group_store": "memory",
+        "group_store_available": True,
     }
 
 

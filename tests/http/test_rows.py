@@ -336,7 +336,12 @@ def test_healthz_reports_status_and_the_counts() -> None:
     }
     assert render_healthz("ok", counts) == (
         b'{"status":"ok","active_groups":1,"retained_records":2,"watermarks":3,"judge_in_flight":4,'
-        b'"legacy_resends_collecting":5,"judge_attempts_total":6}'
+        b'"legacy_resends_collecting":5,"judge_attempts_total":6,"group_store":"memory",'
+        b'"group_store_available":true}'
+    )
+    shared = render_healthz("ok", counts, ("redis://10.0.0.2:6379/0", False))
+    assert shared.endswith(
+        b'"group_store":"redis://10.0.0.2:6379/0","group_store_available":false}'
     )
     shutting = msgspec.json.decode(render_healthz("shutting_down", counts), type=Healthz)
     assert shutting.status == "shutting_down"
