@@ -307,7 +307,11 @@ class SharedEngine(Engine):
                         scope.cancel()
         if tx.claimed is not None and not self._closed:
             self.claims += 1
-            self._spawn(self._evaluate, tx.claimed, tx.now)
+            # Listed at once, not when the task first runs: the evaluation is this process's
+            # from the moment of the claim (statistics, cancellation by a supersession).
+            meta = _meta(tx.claimed)
+            scope = self._evaluations[meta.rid, meta.fence] = trio.CancelScope()
+            self._spawn(self._evaluate, tx.claimed, tx.now, scope)
 
     # ---- wake-ups ------------------------------------------------------------------------------
 
@@ -380,7 +384,7 @@ class SharedEngine(Engine):
 
     # ---- evaluation (owner) ----------------------------------------------------------------
 
-    async def _evaluate(self, record: Record, claimed_at: float) -> None:
+    async def _evaluate(self, record: Record, claimed_at: float, scope: trio.CancelScope) -> None:
         """Judge a claimed record and publish its outcome through the fence."""
         meta = _meta(record)
         rid, fence = meta.rid, meta.fence
@@ -390,8 +394,6 @@ class SharedEngine(Engine):
         lane = self.judge.slots.lane(complete=True)
         verdicts: dict[int, Verdict] = {}
         finished = 0
-        scope = trio.CancelScope()
-        self._evaluations[rid, fence] = scope
 
         def owned(tx: Transaction[Any]) -> Record | None:
             current = tx.loaded
@@ -479,11 +481,15 @@ class SharedEngine(Engine):
                 return True
 
             publish = fail
-        finally:
+        except BaseException:
             del self._evaluations[rid, fence]
-        if publish is None:
-            return  # lost the lease, superseded, or this process is shutting down
-        await self._publish(ref, publish)
+            raise
+        try:
+            if publish is not None:  # else: lost the lease, superseded, or shutting down
+                await self._publish(ref, publish)
+        finally:
+            # Listed until its outcome is stored, so the evaluation counts as running until then.
+            del self._evaluations[rid, fence]
 
     async def _publish(self, ref: str, step: Callable[[Transaction[Any]], bool]) -> None:
         """Store the outcome; while the store is down, try again until it answers or the

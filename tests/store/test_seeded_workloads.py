@@ -83,10 +83,19 @@ async def play(engines: list[Engine], bodies: list[dict[str, Any]], seed: int) -
         )
         return not busy and len(answers) + waiting == sent
 
+    async def notified() -> bool:
+        """No engine has a waiter on a record that has already finished (a notification
+        still on its way)."""
+        for engine in engines:
+            if isinstance(engine, SharedEngine):
+                if await engine.store.finished_records(list(engine._waiting)):
+                    return False
+        return True
+
     async with trio.open_nursery() as nursery:
         for index, body in enumerate(bodies):
             nursery.start_soon(send, index, rng.choice(engines), body)
-            while not settled(index + 1):  # noqa: ASYNC110
+            while not (settled(index + 1) and await notified()):  # noqa: ASYNC110
                 await trio.sleep(0.002)
         for engine in engines:
             engine.begin_shutdown()  # the groups still collecting answer "shutting down"
