@@ -325,3 +325,34 @@ def test_store_addresses_are_checked(url: str) -> None:
 
 def test_config_used_by_the_helpers_is_valid() -> None:
     assert shared_config().num_rollouts_per_prompt == 2
+
+
+async def test_an_owner_gone_during_evaluation_is_taken_over(
+    shared_redis_server: RedisServer,
+) -> None:
+    judging = trio.Event()
+
+    async def hang(*_: Any) -> None:
+        judging.set()
+        await trio.sleep_forever()
+
+    judge = FakeJudge()
+    async with shared_engines(
+        shared_redis_server.url,
+        judge=judge,
+        hooks=[Hooks(on_comparison_start=hang), None],
+        lease_s=0.3,
+    ) as (a, b):
+        async with trio.open_nursery() as nursery:
+            waiting: list[Outcome] = []
+            nursery.start_soon(lambda: _append(waiting, verify(b, member(0, 4))))
+            await wait_until(lambda: b.statistics().waiters == 1)
+            nursery.start_soon(lambda: _append(waiting, verify(a, member(1, 2))))
+            await judging.wait()
+            await a.shutdown()  # the owner goes away mid-evaluation; the group is not failed
+            await wait_until(lambda: len(waiting) == 2)
+        assert Rejected(503, "GenRM server is shutting down") in waiting  # a's own waiter
+        assert [o.reward for o in waiting if isinstance(o, Scored)] == [4.0]  # b's, judged by b
+        assert (b.claims, b.published, judge.stats()["requests_total"]) == (1, 1, 2)
+        replay = await verify(b, member(1, 2))
+        assert isinstance(replay, Scored) and replay.reward == 2.0
