@@ -275,6 +275,9 @@ class GroupRegistry:
         self.idle_order: AgedIndex[str, None] = AgedIndex()
         self.active: dict[int, Record] = {}
         self.prune_visits = 0
+        # Terminal groups by (disposition, kind), and rollouts answered masked by them (§9.3).
+        self.finished: dict[tuple[str, str], int] = {}
+        self.rollouts_masked = 0
         # Legacy keys whose group completed, with when. A completed legacy record leaves nothing
         # behind (C-91); remembering its key lets the row that opens a group under it again be
         # flagged at once, since that group completes only if every member comes again.
@@ -621,6 +624,7 @@ class GroupRegistry:
             member.waiters = []
             member.texts = None
         failed_comparisons = len(record.failed_comparisons)
+        self._count_finished("partially_masked" if masked else "completed", "none", masked)
         self._drop_working_state(record)
         self._log(
             30 if masked else 20,
@@ -644,6 +648,8 @@ class GroupRegistry:
                 waiter.resolve(outcome)
             member.waiters = []
             member.texts = None
+        masked = len(record.members) if kind is FailureKind.JUDGE else 0
+        self._count_finished("failed", kind.value, masked)
         self._drop_working_state(record)
         effects.append(CancelGroup(record))
         self._log(
@@ -653,6 +659,11 @@ class GroupRegistry:
             f'reason="{text[:500]}"',
         )
         self._become_terminal(record, now)
+
+    def _count_finished(self, disposition: str, kind: str, masked: int) -> None:
+        key = (disposition, kind)
+        self.finished[key] = self.finished.get(key, 0) + 1
+        self.rollouts_masked += masked
 
     def _settle_legacy_resend(self, record: Record) -> None:
         """A resent legacy group stops counting once it leaves ``collecting``."""

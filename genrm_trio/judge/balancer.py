@@ -62,7 +62,7 @@ class Pick(NamedTuple):
     """The replica chosen for one attempt; ``probe`` marks the attempt that tests an ejected
     replica after its cool-down."""
 
-    index: int
+    replica: int
     probe: bool
 
 
@@ -103,7 +103,7 @@ class Balancer:
         could take it is at its cap."""
         pick = self._pick(key, now, avoid, may_probe)
         if pick is not None:
-            replica = self.replicas[pick.index]
+            replica = self.replicas[pick.replica]
             replica.in_flight += 1
             replica.attempts += 1
             if pick.probe:
@@ -174,7 +174,7 @@ class Balancer:
         """The attempt on ``pick`` ended: ``failed`` True for a failure that counts against the
         replica, False for any reply that shows it serving, None when the attempt says nothing
         about it (cancelled). Returns True when this ejected the replica."""
-        replica = self.replicas[pick.index]
+        replica = self.replicas[pick.replica]
         replica.in_flight -= 1
         if pick.probe:
             replica.probing = False

@@ -18,7 +18,7 @@ def test_every_comparison_of_a_group_prefers_the_same_replica_and_groups_spread(
         for _ in range(3):
             pick = balancer.choose(key, 0.0)
             assert pick is not None and not pick.probe
-            homes.setdefault(key, set()).add(pick.index)
+            homes.setdefault(key, set()).add(pick.replica)
             balancer.finished(pick, failed=False, now=0.0)
     assert all(len(home) == 1 for home in homes.values())
     per_replica = [sum(1 for home in homes.values() if index in home) for index in range(4)]
@@ -31,7 +31,7 @@ def test_a_preferred_replica_with_clearly_more_in_flight_is_passed_over() -> Non
     key = "group_id::busy::group_attempt::0"
     home, other = balancer.ranking(key)
     picks = [balancer.choose(key, 0.0) for _ in range(8)]
-    indexes = [pick.index for pick in picks if pick is not None]
+    indexes = [pick.replica for pick in picks if pick is not None]
     # The home replica takes attempts until it holds more than 1.25x the mean, counting the
     # new one; then the next replica in the group's ranking takes them.
     assert indexes[:2] == [home, home]
@@ -43,7 +43,7 @@ def test_a_preferred_replica_with_clearly_more_in_flight_is_passed_over() -> Non
 def test_least_outstanding_ignores_the_group() -> None:
     balancer = Balancer(URLS[:3], policy="least_outstanding")
     picks = [balancer.choose("group_id::g::group_attempt::0", 0.0) for _ in range(6)]
-    assert [pick.index for pick in picks if pick is not None] == [0, 1, 2, 0, 1, 2]
+    assert [pick.replica for pick in picks if pick is not None] == [0, 1, 2, 0, 1, 2]
 
 
 def test_repeated_failures_eject_a_replica_until_a_probe_after_the_cool_down_succeeds() -> None:
@@ -56,7 +56,7 @@ def test_repeated_failures_eject_a_replica_until_a_probe_after_the_cool_down_suc
     assert balancer.finished(bad, failed=True, now=3.0)
     assert balancer.replicas[0].ejected_until == 13.0 and balancer.replicas[0].ejections == 1
     # During the cool-down every attempt goes to the other replica.
-    assert {balancer.choose(None, 12.9).index for _ in range(5)} == {1}  # type: ignore[union-attr]
+    assert {balancer.choose(None, 12.9).replica for _ in range(5)} == {1}  # type: ignore[union-attr]
     # After it, exactly one attempt probes the ejected replica; others keep away until it answers.
     probe = balancer.choose(None, 13.0)
     assert probe == Pick(0, True)
@@ -95,10 +95,10 @@ def test_late_results_of_attempts_started_before_an_ejection_change_nothing() ->
     balancer = Balancer(URLS[:2], eject_after=1, cooldown_s=10.0)
     first = balancer.choose("k", 0.0)
     second = balancer.choose("k", 0.0)
-    assert first is not None and second is not None and first.index == second.index
+    assert first is not None and second is not None and first.replica == second.replica
     assert balancer.finished(first, failed=True, now=1.0)
     assert not balancer.finished(second, failed=False, now=2.0)
-    assert not balancer.replicas[first.index].in_service
+    assert not balancer.replicas[first.replica].in_service
 
 
 def test_a_retry_avoids_the_replica_of_its_previous_attempt_when_it_can() -> None:
@@ -106,7 +106,7 @@ def test_a_retry_avoids_the_replica_of_its_previous_attempt_when_it_can() -> Non
     key = "group_id::r::group_attempt::0"
     home = balancer.ranking(key)[0]
     retry = balancer.choose(key, 0.0, avoid=home)
-    assert retry is not None and retry.index != home
+    assert retry is not None and retry.replica != home
     alone = Balancer(URLS[:1])
     assert alone.choose(key, 0.0, avoid=0) == Pick(0, False)
 
@@ -114,11 +114,11 @@ def test_a_retry_avoids_the_replica_of_its_previous_attempt_when_it_can() -> Non
 def test_per_replica_cap_sends_attempts_elsewhere_then_makes_the_caller_wait() -> None:
     balancer = Balancer(URLS[:2], per_replica_cap=2)
     picks = [balancer.choose("same-group", 0.0) for _ in range(4)]
-    assert sorted(pick.index for pick in picks if pick is not None) == [0, 0, 1, 1]
+    assert sorted(pick.replica for pick in picks if pick is not None) == [0, 0, 1, 1]
     assert balancer.choose("same-group", 0.0) is None
     assert picks[0] is not None
     balancer.finished(picks[0], failed=False, now=0.0)
-    assert balancer.choose("same-group", 0.0) == Pick(picks[0].index, False)
+    assert balancer.choose("same-group", 0.0) == Pick(picks[0].replica, False)
 
 
 def test_with_every_replica_ejected_attempts_go_to_the_one_back_soonest() -> None:
