@@ -247,6 +247,11 @@ class InvariantViolation(AssertionError):
     pass
 
 
+def _fields(record: Record) -> dict[str, Any]:
+    """The fields a structured log record about this group carries (X-6)."""
+    return {"group_key": messages.log_key(record.key), "attempt": record.attempt}
+
+
 def group_key(
     group_id: str | None, attempt: int, task_index: int | None, prompt_id: str | None, digest: str
 ) -> str:
@@ -263,10 +268,11 @@ def group_key(
 class GroupRegistry:
     """Every record, watermark and retention index of one server instance."""
 
-    def __init__(self, config: Config, log: Callable[[int, str], None] | None = None) -> None:
+    def __init__(self, config: Config, log: Callable[..., None] | None = None) -> None:
+        """``log(level, text, extra=fields)`` receives every log record (``Logger.log`` fits)."""
         self.config = config
         self.size = config.num_rollouts_per_prompt
-        self._log = log or (lambda level, text: None)
+        self._log = log or (lambda level, text, **_: None)
         self.closed = False
         self.explicit: dict[str, Record] = {}
         self.legacy: dict[str, Record] = {}
@@ -517,6 +523,11 @@ class GroupRegistry:
                 30,
                 f"GenRM dropped comparison ({comparison.first}, {comparison.second}) (judge "
                 f"{comparison.judge_pass}) of {len(record.plan)} after a judge failure: {text}",
+                extra={
+                    **_fields(record),
+                    "pair": [comparison.first, comparison.second],
+                    "judge_pass": comparison.judge_pass,
+                },
             )
 
     def evaluation_deadline(self, record: Record, finished: int, now: float) -> None:
@@ -608,7 +619,7 @@ class GroupRegistry:
         record.phase = Phase.COMPLETED
         total = len(record.plan)
         scored = masked = 0
-        for member in record.members.values():
+        for slot, member in record.members.items():
             assert member.outcome is not None
             if isinstance(member.outcome, Masked):
                 masked += 1
@@ -616,6 +627,7 @@ class GroupRegistry:
                     30,
                     f"GenRM masked one rollout of key='{messages.log_key(record.key)}': "
                     f"{member.outcome.text}",
+                    extra={**_fields(record), "slot": slot},
                 )
             else:
                 scored += 1
@@ -631,6 +643,7 @@ class GroupRegistry:
             f"GenRM cohort disposition=completed key='{messages.log_key(record.key)}' "
             f"attempt={record.attempt} members={len(record.members)} scored={scored} "
             f"masked={masked} failed_comparisons={failed_comparisons}/{total}",
+            extra=_fields(record),
         )
         self._become_terminal(record, now)
 
@@ -657,6 +670,7 @@ class GroupRegistry:
             f"GenRM cohort disposition=failed key='{messages.log_key(record.key)}' "
             f"attempt={record.attempt} members={len(record.members)} kind={kind.value} "
             f'reason="{text[:500]}"',
+            extra=_fields(record),
         )
         self._become_terminal(record, now)
 

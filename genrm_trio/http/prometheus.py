@@ -124,7 +124,7 @@ class EngineCollector(Collector):
         yield _counter(
             "genrm_judge_retries",
             "Judge attempts retried, by the failed attempt's outcome and replica.",
-            ("reason", "replica"),
+            ("replica", "reason"),
             metrics.judge_retries,
         )
         duration = HistogramMetricFamily(
