@@ -24,7 +24,8 @@ LEVELS = {
 
 
 # Fields a record may carry (``extra=``), written as keys of their own in JSON lines.
-LOG_FIELDS = ("group_key", "attempt", "slot", "pair", "judge_pass", "replica")
+# ``attempt`` is a judge attempt of a comparison, ``group_attempt`` the group's _ng_group_attempt.
+LOG_FIELDS = ("group_key", "group_attempt", "slot", "pair", "judge_pass", "attempt", "replica")
 
 
 def _stamp(record: logging.LogRecord) -> str:
@@ -114,9 +115,11 @@ def configure_logging(level: str, log_format: str = "text") -> None:
 
 def startup_lines(config: Config) -> list[str]:
     """The INFO lines logged once at startup: the O-1 summary, then the effective configuration."""
+    judges = config.judge_base_urls or (config.judge_base_url,)
     summary = (
         f"genrm-trio serving judge_api={config.judge_api} "
-        f"judge={url_without_userinfo(config.judge_base_url)} model={config.judge_model} "
+        f"judge={','.join(url_without_userinfo(url) for url in judges)} "
+        f"model={config.judge_model} "
         f"N={config.num_rollouts_per_prompt} strategy={config.comparison_strategy} "
         f"passes={config.num_judges_per_comparison}"
     )

@@ -249,7 +249,7 @@ class InvariantViolation(AssertionError):
 
 def _fields(record: Record) -> dict[str, Any]:
     """The fields a structured log record about this group carries (X-6)."""
-    return {"group_key": messages.log_key(record.key), "attempt": record.attempt}
+    return {"group_key": messages.log_key(record.key), "group_attempt": record.attempt}
 
 
 def group_key(

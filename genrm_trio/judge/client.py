@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import trio
 
 from genrm_trio.config import Config, url_without_userinfo
+from genrm_trio.core.messages import log_key
 from genrm_trio.core.server_metrics import ServerMetrics
 from genrm_trio.core.verdicts import Verdict
 from genrm_trio.judge.attempts import (
@@ -267,7 +268,7 @@ class JudgeClient:
     def _log_fields(self, task: JudgeTask, attempt: int, replica: int) -> dict[str, object]:
         """The fields a structured log record carries for one comparison's attempt."""
         return {
-            "group_key": task.group_key,
+            "group_key": None if task.group_key is None else log_key(task.group_key),
             "pair": list(task.pair),
             "judge_pass": task.judge_pass,
             "attempt": attempt,
