@@ -122,6 +122,8 @@ class Balancer:
         open_ = [i for i in serving if self._room(replicas[i])]
         if not open_:
             return None
+        if len(open_) == 1:
+            return Pick(open_[0], False)  # one judge (the common case): nothing to rank
         if avoid is not None and len(open_) > 1 and avoid in open_:
             open_.remove(avoid)
         if self.policy == "affinity" and key is not None:
