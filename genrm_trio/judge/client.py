@@ -211,9 +211,9 @@ class JudgeClient:
         outcomes: list[AttemptOutcome] = []
         replica: int | None = None
         while True:
-            # A retry prefers another replica; only an attempt that leaves its comparison
-            # another one may probe a replica back from ejection.
-            may_probe = len(outcomes) + 1 < self._max_attempts
+            # A retry prefers another replica. Only an attempt that leaves its comparison
+            # another one may probe a replica back from ejection, unless no attempt ever does.
+            may_probe = len(outcomes) + 1 < self._max_attempts or self._max_attempts == 1
             outcome, label, replica = await self._attempt(body, lane, task, replica, may_probe)
             outcomes.append(outcome)
             attempt = len(outcomes)

@@ -1,11 +1,20 @@
-"""Judge replica choice (X-3) as plain bookkeeping, without an event loop: bounded-load affinity,
-ejection with a cool-down and a probe, retries elsewhere, per-replica caps."""
+"""Judge replica choice (X-3, J-36…J-38) as plain bookkeeping, without an event loop: bounded-load
+affinity, ejection with a cool-down and a probe, retries elsewhere, per-replica caps; then the
+judge client following those choices over in-memory judges."""
 
 from __future__ import annotations
 
-import pytest
+from typing import Any
 
+import pytest
+import trio
+
+from genrm_trio.config import config_from_mapping
 from genrm_trio.judge.balancer import Balancer, Pick
+from genrm_trio.judge.client import JudgeClient, JudgeFailure, JudgeTask, JudgeVerdict
+from genrm_trio.judge.transport import JudgeEndpoint, JudgeTransport
+from genrm_trio.testing.fake_judge import FakeJudge
+from genrm_trio.testing.memory_transport import MemoryTransport
 
 URLS = ["http://a/v1", "http://b/v1", "http://c/v1", "http://d/v1"]
 
@@ -144,3 +153,66 @@ def test_settings_that_cannot_work_are_refused(bad: dict[str, object]) -> None:
     urls = arguments.pop("urls")
     with pytest.raises(ValueError):
         Balancer(urls, **arguments)  # type: ignore[arg-type]
+
+
+# ---- through the judge client (in-memory judges, mock clock) ------------------------------------
+
+
+def replica_client(judges: dict[str, FakeJudge], **overrides: Any) -> JudgeClient:
+    def factory(endpoint: JudgeEndpoint) -> JudgeTransport:
+        return MemoryTransport(judges[endpoint.url.rsplit("/chat/completions", 1)[0]], endpoint)
+
+    config = config_from_mapping(
+        {
+            "judge_base_urls": list(judges),
+            "judge_model": "judge",
+            "genrm_parse_retry_sleep_s": 0.0,
+            "judge_replica_eject_after": 1,
+            "judge_replica_cooldown_s": 5.0,
+            **overrides,
+        }
+    )
+    return JudgeClient(config, transport=factory)
+
+
+def task(group: str) -> JudgeTask:
+    return JudgeTask(
+        history=[{"role": "user", "content": group}],
+        principle=None,
+        text_1="answer-0 [[q=4]]",
+        text_2="answer-1 [[q=2]]",
+        pair=(0, 1),
+        judge_pass=0,
+        group_key=group,
+    )
+
+
+async def test_a_failed_attempt_is_retried_on_the_other_replica(autojump_clock: Any) -> None:
+    judges = {url: FakeJudge() for url in URLS[:2]}
+    client = replica_client(judges)
+    home = client.balancer.ranking("g")[0]
+    judges[URLS[home]].set_rules([{"action": "http_status", "status": 503, "times": 1}])
+    result = await client.judge(task("g"))
+    assert isinstance(result, JudgeVerdict) and result.attempts == 2
+    assert [judge.stats()["requests_total"] for judge in judges.values()] == [1, 1]
+    assert client.metrics.judge_attempts == {
+        (URLS[home], "http_5xx"): 1,
+        (URLS[1 - home], "ok"): 1,
+    }
+    assert client.metrics.replica_ejections == {URLS[home]: 1}
+
+
+async def test_without_retries_any_attempt_probes_so_an_ejected_replica_comes_back(
+    autojump_clock: Any,
+) -> None:
+    judges = {url: FakeJudge() for url in URLS[:2]}
+    client = replica_client(judges, genrm_parse_retries=0)
+    home = client.balancer.ranking("g")[0]
+    judges[URLS[home]].set_rules([{"action": "http_status", "status": 503, "times": 1}])
+    assert isinstance(await client.judge(task("g")), JudgeFailure)
+    assert not client.balancer.replicas[home].in_service
+    assert isinstance(await client.judge(task("g")), JudgeVerdict)  # on the other replica
+    await trio.sleep(5.0)
+    assert isinstance(await client.judge(task("g")), JudgeVerdict)  # the probe, on home
+    assert client.balancer.replicas[home].in_service
+    assert judges[URLS[home]].stats()["requests_total"] == 2
