@@ -39,6 +39,7 @@ from genrm_trio.core.groups import (
 )
 from genrm_trio.core.identity import ResponseIdentity
 from genrm_trio.core.pairs import Comparison
+from genrm_trio.core.server_metrics import verify_label
 from genrm_trio.core.verdicts import Verdict
 from genrm_trio.judge.client import JudgeFailure
 from genrm_trio.judge.transport import TransportFactory
@@ -170,6 +171,7 @@ class SharedEngine(Engine):
             raise
         if arriving.failed is not None:
             identity.release()
+            self.metrics.verify("unavailable")
             return arriving.failed
         decision = arriving.decision
         assert decision is not None
@@ -178,6 +180,7 @@ class SharedEngine(Engine):
         # process needs the bytes only for the reply's echo, which the request holds itself.
         if isinstance(reply, Answer):
             identity.release()
+            self.metrics.verify(verify_label(reply.outcome, replay=True))
             return reply.outcome
         if on_wait is not None:
             on_wait(identity)
@@ -192,6 +195,7 @@ class SharedEngine(Engine):
         else:
             after_reply.append(identity.release)
         assert reply.waiter.outcome is not None
+        self.metrics.verify(verify_label(reply.waiter.outcome, replay=False))
         return reply.waiter.outcome
 
     def _enqueue(self, ref: str, arriving: _Arriving) -> None:
@@ -296,6 +300,10 @@ class SharedEngine(Engine):
 
     def _after(self, tx: Transaction[Any]) -> None:
         """Run what a committed transaction asks of this process."""
+        # Groups this process ended, for /metrics (each process counts the ones it ended).
+        for key, count in tx.registry.finished.items():
+            self.registry.finished[key] = self.registry.finished.get(key, 0) + count
+        self.registry.rollouts_masked += tx.registry.rollouts_masked
         finished = tx.finished
         if finished is not None:
             # Local waiters need not wait for the notification; an evaluation of ours that
@@ -310,6 +318,8 @@ class SharedEngine(Engine):
             # Listed at once, not when the task first runs: the evaluation is this process's
             # from the moment of the claim (statistics, cancellation by a supersession).
             meta = _meta(tx.claimed)
+            if meta.fence == 1:  # claimed as it filled, not taken over
+                self.metrics.collection_seconds.observe(tx.now - tx.claimed.started_at)
             scope = self._evaluations[meta.rid, meta.fence] = trio.CancelScope()
             self._spawn(self._evaluate, tx.claimed, tx.now, scope)
 
@@ -392,6 +402,7 @@ class SharedEngine(Engine):
         assert meta.evaluation_due is not None
         deadline = trio.current_time() + (meta.evaluation_due - claimed_at)
         lane = self.judge.slots.lane(complete=True)
+        began = trio.current_time()
         verdicts: dict[int, Verdict] = {}
         finished = 0
 
@@ -451,6 +462,7 @@ class SharedEngine(Engine):
                             comparisons.start_soon(compare, comparison)
                     outer.cancel_scope.cancel()
                 expired = comparisons.cancel_scope.cancel_called
+                self.metrics.evaluation_seconds.observe(trio.current_time() - began)
 
                 def finish(tx: Transaction[Any]) -> bool:
                     current = owned(tx)
