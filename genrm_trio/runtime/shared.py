@@ -415,6 +415,18 @@ class SharedEngine(Engine):
                 return None
             return current
 
+        def failing(text: str) -> Callable[[Transaction[Any]], bool]:
+            """A non-judge error ends the evaluation: the group fails with kind cohort (C-63)."""
+
+            def fail(tx: Transaction[Any]) -> bool:
+                current = owned(tx)
+                if current is None:
+                    return False
+                tx.registry.fail_evaluation(current, text, tx.now)
+                return True
+
+            return fail
+
         async def compare(comparison: Comparison) -> None:
             nonlocal finished
             await call_hook(
@@ -483,35 +495,36 @@ class SharedEngine(Engine):
                 messages.log_key(record.key),
                 exc_info=cause,
             )
-            text = messages.evaluation_failed(cause)
-
-            def fail(tx: Transaction[Any]) -> bool:
-                current = owned(tx)
-                if current is None:
-                    return False
-                tx.registry.fail_evaluation(current, text, tx.now)
-                return True
-
-            publish = fail
+            publish = failing(messages.evaluation_failed(cause))
         except BaseException:
             del self._evaluations[rid, fence]
             raise
         try:
             if publish is not None:  # else: lost the lease, superseded, or shutting down
-                await self._publish(ref, publish)
+                await self._publish(ref, publish, failing)
         finally:
             # Listed until its outcome is stored, so the evaluation counts as running until then.
             del self._evaluations[rid, fence]
 
-    async def _publish(self, ref: str, step: Callable[[Transaction[Any]], bool]) -> None:
+    async def _publish(
+        self,
+        ref: str,
+        step: Callable[[Transaction[Any]], bool],
+        failing: Callable[[str], Callable[[Transaction[Any]], bool]],
+    ) -> None:
         """Store the outcome; while the store is down, try again until it answers or the
-        fence refuses (another process took the evaluation over meanwhile)."""
+        fence refuses (another process took the evaluation over meanwhile). If building the
+        outcome raises (a failed internal check, C-64), the group fails instead (C-63)."""
         while True:
             try:
                 tx = await self.store.transact(ref, step)
             except StoreFailed as exc:
                 log.warning("GenRM could not store an outcome, retrying: %s", exc)
                 await trio.sleep(self.poll_s)
+                continue
+            except Exception as exc:
+                log.error("GenRM cohort evaluation failed for ref='%s'", ref, exc_info=exc)
+                step = failing(messages.evaluation_failed(exc))
                 continue
             if tx.result:
                 self.published += 1

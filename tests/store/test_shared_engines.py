@@ -356,3 +356,39 @@ async def test_an_owner_gone_during_evaluation_is_taken_over(
         assert (b.claims, b.published, judge.stats()["requests_total"]) == (1, 1, 2)
         replay = await verify(b, member(1, 2))
         assert isinstance(replay, Scored) and replay.reward == 2.0
+
+
+async def test_a_non_judge_error_in_the_owner_fails_the_group_everywhere(
+    shared_redis_server: RedisServer,
+) -> None:
+    def boom(*_: Any) -> None:
+        raise RuntimeError("boom")
+
+    judge = FakeJudge()
+    async with shared_engines(
+        shared_redis_server.url, judge=judge, hooks=[Hooks(on_evaluation_start=boom), None]
+    ) as (a, b):
+        async with trio.open_nursery() as nursery:
+            waiting: list[Outcome] = []
+            nursery.start_soon(lambda: _append(waiting, verify(b, member(0, 4))))
+            await wait_until(lambda: b.statistics().waiters == 1)
+            waiting.append(await verify(a, member(1, 2)))  # a fills the group and owns it
+            await wait_until(lambda: len(waiting) == 2)
+        failed = Rejected(503, "GenRM cohort evaluation failed: RuntimeError: boom")
+        assert waiting == [failed, failed]
+        assert await verify(b, member(0, 7)) == failed  # any later request: the same failure
+        assert judge.stats()["requests_total"] == 0
+
+
+async def test_non_finite_rewards_fail_the_shared_group(shared_redis_server: RedisServer) -> None:
+    # AS-112 with a shared store: the outcome is built inside the publishing transaction, and
+    # its failed check fails the group instead.
+    judge = FakeJudge(
+        rules=[{"action": "verdict", "score_1": 1e308, "score_2": 1e308, "ranking": 3.5}]
+    )
+    async with shared_engines(shared_redis_server.url, judge=judge) as (a, b):
+        results = await send_all([(a, member(0, 4)), (b, member(1, 2))])
+        for outcome in results.values():
+            assert isinstance(outcome, Rejected) and outcome.status == 503
+            assert "non-finite cohort rewards" in outcome.detail
+        await check_store_invariants(a.store, a.config)
