@@ -190,6 +190,9 @@ class SharedEngine(Engine):
             # A disconnect removes only this request's waiter (C-51); the group goes on.
             self._abandon(arriving)
             raise
+        # Usually gone already (delivery pops it); not when the transaction that made this
+        # request wait also ended its group (a later member of the same batch failing it).
+        self._unregister(_rid(reply.record), reply.waiter)
         if after_reply is None:
             identity.release()
         else:

@@ -392,3 +392,26 @@ async def test_non_finite_rewards_fail_the_shared_group(shared_redis_server: Red
             assert isinstance(outcome, Rejected) and outcome.status == 503
             assert "non-finite cohort rewards" in outcome.detail
         await check_store_invariants(a.store, a.config)
+
+
+async def test_a_conversion_failure_answers_the_members_already_waiting(
+    shared_redis_server: RedisServer,
+) -> None:
+    def fail_slot_1(slot: int) -> None:
+        if slot == 1:
+            raise RuntimeError("cannot convert")
+
+    async with shared_engines(
+        shared_redis_server.url,
+        hooks=[Hooks(on_conversion=fail_slot_1)] * 2,
+        num_rollouts_per_prompt=3,
+    ) as (a, b):
+        failed = Rejected(503, "GenRM cohort input conversion failed: RuntimeError: cannot convert")
+        # Sent together to one engine, the two members share one transaction; when slot 0
+        # goes first (Trio picks the order) it waits and slot 1 fails the group in the same
+        # transaction. Eight groups make that order all but certain to come up.
+        for g in range(8):
+            pair = [(a, member(0, 4, g=f"c{g}")), (a, member(1, 2, g=f"c{g}"))]
+            assert await send_all(pair) == {0: failed, 1: failed}
+            assert await verify(b, member(2, 1, g=f"c{g}")) == failed
+            assert a.statistics().waiters == 0 and b.statistics().waiters == 0
