@@ -356,8 +356,9 @@ class JudgeClient:
                 label,
                 extra={"replica": name},
             )
-        freed, self._replica_freed = self._replica_freed, trio.Event()
-        freed.set()
+        if self._replica_freed.statistics().tasks_waiting:
+            freed, self._replica_freed = self._replica_freed, trio.Event()
+            freed.set()
 
     async def _exchange(self, body: bytes, transport: JudgeTransport) -> tuple[AttemptOutcome, str]:
         reply = await transport.send(body)
