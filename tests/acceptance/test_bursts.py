@@ -10,10 +10,8 @@ from __future__ import annotations
 import json
 import resource
 import signal
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import trio
 
 GROUP_SIZE = 16
@@ -79,18 +77,6 @@ async def post_all(
             for group, slot, payload in payloads:
                 nursery.start_soon(one, group, slot, payload)
     return replies
-
-
-@pytest.fixture
-def many_files() -> Iterator[None]:
-    """The test process holds thousands of client sockets at once: raise its own soft limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def serve_sets(judge_url: str, *extra: str) -> list[str]:
