@@ -46,7 +46,8 @@ import trio.testing
 
 from genrm_trio.config import Config
 from genrm_trio.core.groups import Scored
-from genrm_trio.http.wire import VerifyRequest, parse_verify_body
+from genrm_trio.http.bodies import VerifyRequest
+from genrm_trio.http.parsing import parse_verify_body
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.testing.fake_judge import FakeJudge
 

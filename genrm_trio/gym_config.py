@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from genrm_trio.config import Config, ConfigError, _read_file, load_config
+from genrm_trio.config import Config, ConfigError, load_config
+from genrm_trio.config.loading import read_config_file
 
 RESOURCES_SERVERS = "resources_servers"
 MODEL_SERVERS = "responses_api_models"
@@ -298,7 +299,7 @@ def load_serve_config(
     lines to log once logging is set up come second."""
     if path is None:
         return load_config(None, sets, host=host, port=port), []
-    document = _read_file(path)
+    document = read_config_file(path)
     if not is_gym_document(document):
         return load_config(None, sets, host=host, port=port, base=document), []
     config, translation = config_from_gym(document, None, sets, host=host, port=port)

@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from genrm_trio.config import Config, ConfigError, _parse_yaml
+from genrm_trio.config import Config, ConfigError
+from genrm_trio.config.loading import parse_yaml
 from genrm_trio.gym_config import GymTranslation, config_from_gym
 
 CONFIG_DICT_ENV = "NEMO_GYM_CONFIG_DICT"
@@ -40,7 +41,7 @@ def config_from_environment(
             "`genrm-trio serve --config FILE`)"
         )
     try:
-        document: Any = _parse_yaml(text)
+        document: Any = parse_yaml(text)
     except (yaml.YAMLError, ValueError) as exc:
         raise ConfigError(f"genrm-trio gym server: {CONFIG_DICT_ENV} is not YAML: {exc}") from None
     if not isinstance(document, Mapping):

@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 
+from genrm_trio.core.exact_ints import int_from_digits, int_to_digits
+
 __all__ = [
     "canonical_json",
     "digest_hex",
@@ -88,7 +90,7 @@ def fingerprint_json(raw: bytes | bytearray | memoryview | str) -> bytes:
         # msgspec rejects the non-standard literals, out-of-range floats such as 1e309 and
         # lone surrogates; Python's json module reads all of them.
         text = bytes(raw) if isinstance(raw, bytearray | memoryview) else raw
-        return _fingerprint_plain(json.loads(text), may_hold_nan=True)
+        return _fingerprint_plain(json.loads(text, parse_int=int_from_digits), may_hold_nan=True)
     # A successful msgspec decode cannot produce NaN, so the NaN check can be skipped.
     return _fingerprint_plain(value, may_hold_nan=False)
 
@@ -153,7 +155,12 @@ def _holds_nan(plain: Any) -> bool:
 
 
 def _canonical_plain(plain: Any) -> bytes:
-    text = _ENCODER.encode(plain)
+    try:
+        text = _ENCODER.encode(plain)
+    except ValueError as exc:
+        if "integer string conversion" not in str(exc):
+            raise
+        text = "".join(_encoded_parts(plain, []))
     if _SURROGATE_ESCAPE.search(text):
         # Python strings may hold a surrogate pair as two code points; C-20 spells it like the
         # code point it encodes, and two keys may turn out to be one (the last wins).
@@ -161,6 +168,32 @@ def _canonical_plain(plain: Any) -> bytes:
     if "\\" in text:
         text = _SHORT_ESCAPE.sub(_long_escape, text)
     return text.encode("ascii")
+
+
+def _encoded_parts(node: Any, parts: list[str]) -> list[str]:
+    """What ``_ENCODER`` writes for ``node``, for values holding an integer beyond Python's
+    digit cap, which the encoder refuses; everything else is still written by the encoder."""
+    if isinstance(node, int) and not isinstance(node, bool):
+        parts.append(int_to_digits(node))
+    elif isinstance(node, dict):
+        parts.append("{")
+        for index, key in enumerate(sorted(node)):
+            if index:
+                parts.append(",")
+            parts.append(_ENCODER.encode(key))
+            parts.append(":")
+            _encoded_parts(node[key], parts)
+        parts.append("}")
+    elif isinstance(node, list | tuple):
+        parts.append("[")
+        for index, item in enumerate(node):
+            if index:
+                parts.append(",")
+            _encoded_parts(item, parts)
+        parts.append("]")
+    else:
+        parts.append(_ENCODER.encode(node))
+    return parts
 
 
 def _paired_surrogates_joined(plain: Any) -> Any:

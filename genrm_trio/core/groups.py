@@ -752,6 +752,51 @@ class GroupRegistry:
             self.completed_legacy.clear()
             self.legacy_resends_collecting = 0
 
+    # ---- shared stores ---------------------------------------------------------------------
+
+    def adopt(
+        self,
+        record: Record | None,
+        watermark: tuple[str, Watermark, float | None] | None = None,
+        completed_legacy: tuple[str, float] | None = None,
+    ) -> None:
+        """Take in one group's state as a shared store kept it, filed in the indexes by the
+        rules of R-1: active records are active, terminal ones are in the terminal index (by
+        their terminal time), a watermark with an idle-since time is in the idle order."""
+        with critical_section():
+            if record is not None:
+                if record.group_id is not None:
+                    self.explicit[record.group_id] = record
+                else:
+                    self.legacy[record.legacy_key or record.key] = record
+                if record.phase.active:
+                    self.active[id(record)] = record
+                    if record.legacy_resend:
+                        self.legacy_resends_collecting += 1
+                else:
+                    assert record.terminal_time is not None
+                    self.terminal_index.stamp(id(record), record, record.terminal_time)
+            if watermark is not None:
+                group_id, mark, idle_since = watermark
+                self.watermarks[group_id] = mark
+                if idle_since is not None:
+                    self.idle_order.stamp(group_id, None, idle_since)
+            if completed_legacy is not None:
+                self.completed_legacy.stamp(completed_legacy[0], None, completed_legacy[1])
+
+    def settled_outcome(self, record: Record, slot: int) -> Outcome | None:
+        """What a waiter on ``slot`` of a finished record is answered (C-86), else None."""
+        if record.phase is Phase.FAILED:
+            return self.failure_outcome(record)
+        member = record.members.get(slot)
+        if record.phase is Phase.COMPLETED and member is not None:
+            return member.outcome
+        return None
+
+    def plan_for(self, inputs: GroupInputs | None) -> list[Comparison]:
+        """The comparisons of a group with these inputs (a pure function of the configuration)."""
+        return self._plan(inputs)
+
     # ---- verification hooks (I-21, I-22) -----------------------------------------------------
 
     def statistics(self, *, owned_tasks: int = 0, judge_in_flight: int = 0) -> Statistics:

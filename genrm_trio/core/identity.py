@@ -50,6 +50,16 @@ class ResponseIdentity:
             self._digest, self._canonical = known
         self._work = work
 
+    @classmethod
+    def settled_from(cls, digest: bytes | None, canonical: bytes) -> ResponseIdentity:
+        """An identity already settled elsewhere (kept by a shared store): no bytes, and the
+        raw digest only if it was known."""
+        identity = cls(b"")
+        identity._raw = None
+        identity._digest = digest
+        identity._canonical = canonical
+        return identity
+
     @property
     def holds_bytes(self) -> bool:
         return self._raw is not None

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import sys
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope, Scope
@@ -19,6 +18,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import (
     HTTPException,
     InternalServerError,
+    MethodNotAllowed,
     RequestEntityTooLarge,
     RequestTimeout,
 )
@@ -29,30 +29,24 @@ from genrm_trio.core import messages
 from genrm_trio.core.canonical import fingerprint_json
 from genrm_trio.core.groups import Masked, Outcome, Scored
 from genrm_trio.core.identity import ResponseIdentity
+from genrm_trio.http.bodies import BadRequest, EchoValue, FileSpan, VerifyRequest
 from genrm_trio.http.gym_endpoints import register_gym_routes
 from genrm_trio.http.openapi import openapi_json
-from genrm_trio.http.spool import Spool, SpoolBudget, SpoolError, SpoolFile, spool_failed
-from genrm_trio.http.wire import (
-    BadRequest,
-    EchoValue,
-    FileSpan,
-    VerifyRequest,
-    body_too_large,
+from genrm_trio.http.parsing import body_too_large, parse_compare_body, parse_verify_body
+from genrm_trio.http.rendering import (
     bound_failure_text,
     error_body,
     masked_row_parts,
-    parse_compare_body,
-    parse_verify_body,
     render_compare_reply,
     render_healthz,
-    render_masked_row,
-    render_scored_row,
     scored_row_parts,
 )
+from genrm_trio.http.spool import Spool, SpoolBudget, SpoolError, SpoolFile, spool_failed
 from genrm_trio.judge.transport import TransportFactory
 from genrm_trio.runtime.compare import CompareUnavailable, run_compare
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
+from genrm_trio.runtime.stores import build_engine
 
 log = logging.getLogger("genrm_trio")
 
@@ -65,44 +59,41 @@ VerifyASGI = Callable[[HTTPScope, ASGIReceiveCallable, ASGISendCallable], Awaita
 class GenRMApp(QuartTrio):
     """A quart-trio app that carries its engine (one independent server instance, I-20).
 
-    `POST /verify` is the hot path: every rollout of every group passes through it, so it is
+    `/verify` is the hot path: every rollout of every group passes through it, so it is
     answered straight from ASGI, without Quart's per-request context, routing and response
-    objects, which cost about as much CPU as the rest of the request. Its replies are the ones
-    the Quart route would give (the route stays registered for other methods and mounts);
-    before/after-request hooks do not run for it. Every other route goes through Quart.
+    objects, which cost about as much CPU as the rest of the request. It is the only
+    implementation of the route: Quart never sees `/verify`, so before/after-request hooks do
+    not run for it. Every other route goes through Quart.
     """
 
     engine: Engine
     spool: Spool
     spool_budget: SpoolBudget
-    verify_asgi: VerifyASGI | None = None
+    verify_asgi: VerifyASGI
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["path"] == "/verify"
-            and scope["method"] == "POST"
-            and not scope.get("root_path")
-            and self.verify_asgi is not None
-        ):
-            await self.verify_asgi(scope, receive, send)
+        if scope["type"] == "http" and _is_verify_path(scope):
+            if scope["method"] == "POST":
+                await self.verify_asgi(scope, receive, send)
+            else:
+                await _send_reply(send, 405, _http_error_body(MethodNotAllowed()), _ALLOW_POST)
             return
         await super().__call__(scope, receive, send)
 
 
+_ALLOW_POST: Final = ((b"allow", b"POST"),)
+
+
+def _is_verify_path(scope: HTTPScope) -> bool:
+    # Mounted under a prefix, the path may or may not carry the prefix, depending on the server.
+    path = scope["path"]
+    return path == "/verify" or path == scope.get("root_path", "") + "/verify"
+
+
 def _reply(status: int, payload: bytes) -> Response:
     return Response(payload, status=status, content_type=JSON)
-
-
-def _render(request: VerifyRequest, outcome: Outcome) -> tuple[int, bytes]:
-    if isinstance(outcome, Scored):
-        return 200, render_scored_row(request, outcome.reward, outcome.metrics)
-    if isinstance(outcome, Masked):
-        text = bound_failure_text(outcome.text, outcome.suffix)
-        return 200, render_masked_row(request, text)
-    return outcome.status, error_body(outcome.detail)
 
 
 def _render_parts(request: VerifyRequest, outcome: Outcome) -> tuple[int, list[EchoValue]]:
@@ -154,8 +145,14 @@ async def _send_streamed(
         await send({"type": "http.response.body", "body": b"".join(pending), "more_body": False})
 
 
-async def _send_reply(send: ASGISendCallable, status: int, payload: bytes) -> None:
+async def _send_reply(
+    send: ASGISendCallable,
+    status: int,
+    payload: bytes,
+    extra_headers: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(payload))]
+    headers.extend(extra_headers)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload, "more_body": False})
 
@@ -190,16 +187,12 @@ def create_app(
     """Build an independent server instance; `judge_transport` replaces the judge's network."""
     if not isinstance(config, Config):
         config = config_from_mapping(config)
-    # Free-form values may hold integers of any size and are echoed and fingerprinted exactly
-    # (W-21, C-20); Python's default cap of 4300 digits would turn them into errors. Bodies
-    # are bounded by max_body_bytes, which bounds the cost of converting them.
-    sys.set_int_max_str_digits(0)
     app = GenRMApp("genrm_trio")
     # A /verify waits for its whole group: Quart's default 60 s response timeout would cut
     # waiting requests off long before the group's own deadlines.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
-    engine = Engine(config, judge_transport=judge_transport, hooks=hooks)
+    engine = build_engine(config, judge_transport=judge_transport, hooks=hooks)
     app.engine = engine
     budget = SpoolBudget(config.waiting_body_memory_bytes)
     spool = Spool(config.spool_dir)
@@ -232,20 +225,10 @@ def create_app(
 
     too_large = error_body(body_too_large(config.max_body_bytes))
 
-    @app.post("/verify")
-    async def verify() -> Response:
-        if engine.closed:
-            return _reply(503, error_body(messages.SHUTTING_DOWN))
-        try:
-            parsed = parse_verify_body(await read_body(), config)
-        except BadRequest as exc:
-            return _reply(exc.status, error_body(exc.detail))
-        return _reply(*_render(parsed, await engine.verify(parsed)))
-
     async def verify_asgi(
         scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
-        """`POST /verify` straight from ASGI; the same replies as the route above."""
+        """`POST /verify`, straight from ASGI."""
         if engine.closed:
             await _send_reply(send, 503, error_body(messages.SHUTTING_DOWN))
             return
@@ -384,8 +367,11 @@ def create_app(
     @app.get("/healthz")
     async def healthz() -> Response:
         if engine.closed:
-            return _reply(503, render_healthz("shutting_down", engine.health()))
-        return _reply(200, render_healthz("ok", engine.health()))
+            return _reply(
+                503, render_healthz("shutting_down", engine.health(), engine.store_status())
+            )
+        await engine.refresh_health()
+        return _reply(200, render_healthz("ok", engine.health(), engine.store_status()))
 
     @app.get("/openapi.json")
     async def openapi() -> Response:

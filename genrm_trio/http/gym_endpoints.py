@@ -18,7 +18,9 @@ from quart_trio import QuartTrio
 
 from genrm_trio.core.run_metrics import RunMetrics, summarize_rows
 from genrm_trio.http import json_scan
-from genrm_trio.http.wire import BadRequest, error_body, split_members
+from genrm_trio.http.bodies import BadRequest
+from genrm_trio.http.parsing import split_members
+from genrm_trio.http.rendering import error_body
 
 TASK_INDEX_KEY: Final = "_ng_task_index"
 ROWS_KEY: Final = "verify_responses"

@@ -11,6 +11,8 @@ from typing import Any, Final
 
 import msgspec
 
+from genrm_trio.core.exact_ints import int_from_digits
+
 # A bound well below the interpreter's recursion limit, so that every accepted value can still
 # be decoded and canonicalised by recursive code running deep inside a server's stack.
 MAX_NESTING: Final = 128
@@ -40,7 +42,7 @@ _KEY: Final = msgspec.json.Decoder(str)
 # A top-level number or literal runs up to whitespace, a comma or the closing brace; msgspec then
 # says whether it is one.
 _SCALAR = re.compile(rb"[^ \t\n\r,}]*+")
-_TEXT_DECODER: Final = json.JSONDecoder()
+_TEXT_DECODER: Final = json.JSONDecoder(parse_int=int_from_digits)
 
 
 class JsonScanError(ValueError):
@@ -126,12 +128,12 @@ def _decode(
     # Python's decoder accepts the non-standard literals, lone surrogate escapes and
     # out-of-range floats that msgspec refuses; it is slower, so it only runs when needed.
     try:
-        return json.loads(str(raw, "utf-8")), False
+        return json.loads(str(raw, "utf-8"), parse_int=int_from_digits), False
     except RecursionError:
         raise JsonScanError("nesting too deep") from None
     except json.JSONDecodeError as exc:
         raise JsonScanError(f"{exc.msg.removesuffix(' at')} at character {exc.pos}") from None
-    except ValueError as exc:  # invalid UTF-8, or an integer beyond Python's digit limit
+    except ValueError as exc:  # invalid UTF-8
         raise JsonScanError(str(exc).split(";")[0]) from None
 
 

@@ -1,5 +1,5 @@
 """The OpenAPI 3.1 document served at ``GET /openapi.json`` (W-51), generated from the wire types
-in ``wire.py``; it is built once per server version and kept as encoded bytes."""
+in ``schema.py``; it is built once per server version and kept as encoded bytes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from genrm_trio.http.gym_endpoints import (
     SeedSessionReply,
     SeedSessionRequestDoc,
 )
-from genrm_trio.http.wire import (
+from genrm_trio.http.schema import (
     CompareReply,
     CompareRequestDoc,
     ErrorReply,

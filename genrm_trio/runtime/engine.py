@@ -187,6 +187,39 @@ class Engine:
         synchronously, when the request starts waiting, with the identity that still holds a
         view of its response's bytes.
         """
+        prepared = self._arrival(request)
+        if isinstance(prepared, Scored | Rejected):
+            return prepared
+        arrival, identity = prepared
+        woken = trio.Event()
+        decision = self.registry.arrive(arrival, trio.current_time(), woken.set)
+        # A waiting request keeps only what its reply echoes.
+        del arrival, prepared
+        self._apply(decision.effects)
+        reply = decision.reply
+        if isinstance(reply, Answer):
+            return reply.outcome
+        done = partial(self.registry.identity_done, reply.record, reply.slot, identity)
+        if on_wait is not None:
+            on_wait(identity)
+        try:
+            await woken.wait()
+        except BaseException:
+            # A disconnect removes only this request's waiter (C-51); the group goes on.
+            self.registry.detach(reply.record, reply.slot, reply.waiter)
+            done()
+            raise
+        assert reply.waiter.outcome is not None
+        if after_reply is None:
+            done()
+        else:
+            after_reply.append(done)
+        return reply.waiter.outcome
+
+    def _arrival(
+        self, request: MemberRequest
+    ) -> tuple[Arrival, ResponseIdentity] | Scored | Rejected:
+        """The request reduced to what the group engine needs, or its answer if it needs none."""
         if self.closed:
             return Rejected(503, messages.SHUTTING_DOWN)
         if not self.config.group_mode:
@@ -214,30 +247,7 @@ class Engine:
             fingerprint=identity,
             prepare=partial(self._prepare_member, request, response, input_value),
         )
-        woken = trio.Event()
-        decision = self.registry.arrive(arrival, trio.current_time(), woken.set)
-        # A waiting request keeps only what its reply echoes.
-        del arrival, response, input_value
-        self._apply(decision.effects)
-        reply = decision.reply
-        if isinstance(reply, Answer):
-            return reply.outcome
-        done = partial(self.registry.identity_done, reply.record, reply.slot, identity)
-        if on_wait is not None:
-            on_wait(identity)
-        try:
-            await woken.wait()
-        except BaseException:
-            # A disconnect removes only this request's waiter (C-51); the group goes on.
-            self.registry.detach(reply.record, reply.slot, reply.waiter)
-            done()
-            raise
-        assert reply.waiter.outcome is not None
-        if after_reply is None:
-            done()
-        else:
-            after_reply.append(done)
-        return reply.waiter.outcome
+        return arrival, identity
 
     def _prompt_digest(self, request: MemberRequest, input_value: Any) -> str:
         value: dict[str, Any] = {"input": input_value, "principle": request.principle}
@@ -382,10 +392,14 @@ class Engine:
         queued, handle.queued = handle.queued, []
         for comparison in queued:
             nursery.start_soon(
-                self._compare, record, handle, comparison, self._judge_task(record, comparison)
+                self._compare,
+                record,
+                handle,
+                comparison,
+                self._judge_task(record, comparison, handle.lane),
             )
 
-    def _judge_task(self, record: Record, comparison: Comparison) -> JudgeTask:
+    def _judge_task(self, record: Record, comparison: Comparison, lane: Lane) -> JudgeTask:
         inputs = record.inputs
         assert inputs is not None
 
@@ -404,7 +418,7 @@ class Engine:
             text_2=text(comparison.second),
             pair=(comparison.first, comparison.second),
             judge_pass=comparison.judge_pass,
-            lane=record.handle.lane,
+            lane=lane,
         )
 
     async def _compare(
@@ -437,6 +451,13 @@ class Engine:
         self.registry.check_invariants()
         if self._shutdown_done.is_set() and self._owned_tasks:
             raise AssertionError("owned tasks still running after shutdown")
+
+    def store_status(self) -> tuple[str, bool]:
+        """Where groups live, and whether that store answered its last use."""
+        return "memory", True
+
+    async def refresh_health(self) -> None:
+        """Bring the figures of ``health`` up to date (a shared store is asked for its own)."""
 
     def health(self) -> Mapping[str, int]:
         stats = self.statistics()

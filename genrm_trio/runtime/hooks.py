@@ -1,4 +1,4 @@
-"""Fault-injection points for tests (SPEC I-20): conversion, comparison start, evaluation start.
+"""Fault-injection points for tests (SPEC I-20): conversion, comparison and evaluation start.
 
 A hook that raises simulates a non-judge error at that point; comparison and evaluation hooks may
 be coroutines, so a test can also hold them open for a while.
@@ -17,6 +17,8 @@ class Hooks:
     on_conversion: Callable[[int], None] | None = None
     on_comparison_start: Callable[[int, int, int], Awaitable[None] | None] | None = None
     on_evaluation_start: Callable[[str], Awaitable[None] | None] | None = None
+    # Shared store only: before each renewal of an evaluation lease (a test can stall it).
+    on_lease_renewal: Callable[[str], Awaitable[None] | None] | None = None
 
 
 async def call_hook(hook: Callable[..., Any] | None, *args: Any) -> None:

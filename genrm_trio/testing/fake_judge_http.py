@@ -116,9 +116,7 @@ class FakeJudgeApp:
             (name.decode("latin-1").lower(), value.decode("latin-1"))
             for name, value in scope.get("headers", [])
         ]
-        reply = self.judge.handle(
-            scope["method"], target, headers, body, now=trio.current_time()
-        )
+        reply = self.judge.handle(scope["method"], target, headers, body, now=trio.current_time())
         if not reply.tracked:
             await _asgi_respond(send, reply)
             return

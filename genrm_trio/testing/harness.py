@@ -8,6 +8,7 @@ SPEC §10.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import msgspec
 import trio
 
 from genrm_trio.config import Config, config_from_mapping
+from genrm_trio.core.exact_ints import int_from_digits
 from genrm_trio.http.app import GenRMApp, create_app
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.testing.fake_judge import FakeJudge
@@ -120,9 +122,7 @@ class Server:
         try:
             decoded = msgspec.json.decode(raw)
         except msgspec.DecodeError:
-            import json
-
-            decoded = json.loads(raw)
+            decoded = json.loads(raw, parse_int=int_from_digits)
         return Reply(response.status_code, decoded, raw)
 
     async def verify(self, body: Any, **kwargs: Any) -> Reply:

@@ -216,6 +216,8 @@ def test_serve_on_a_free_port_then_stop(cli: Any, sig: signal.Signals) -> None:
             "judge_in_flight": 0,
             "legacy_resends_collecting": 0,
             "judge_attempts_total": 0,
+            "group_store": "memory",
+            "group_store_available": True,
         }
     status, elapsed = stop_and_time(process, sig)
     assert status == 0

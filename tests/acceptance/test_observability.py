@@ -379,6 +379,8 @@ def health(
         "judge_in_flight": in_flight,
         "legacy_resends_collecting": 0,
         "judge_attempts_total": attempts,
+        "group_store": "memory",
+        "group_store_available": True,
     }
 
 

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
+import pytest
 import trio
 import trio.testing
 
@@ -68,6 +71,8 @@ async def assert_no_state(server: Server) -> None:
         "judge_in_flight": 0,
         "legacy_resends_collecting": 0,
         "judge_attempts_total": 0,
+        "group_store": "memory",
+        "group_store_available": True,
     }
 
 
@@ -330,9 +335,30 @@ async def test_unknown_routes_and_methods_answer_json_errors_not_500() -> None:
         assert_error(get_verify, 405)
         response = await server.client.get("/verify")
         assert response.headers["content-type"].startswith("application/json")
+        assert response.headers["allow"] == "POST"
         post_health = await server.post("/healthz", b"{}")
         assert_error(post_health, 405)
         await assert_no_state(server)
+
+
+async def test_verify_mounted_under_a_prefix_is_the_same_route() -> None:
+    async with running_server() as server:
+        transport = httpx.ASGITransport(app=server.app, root_path="/genrm")  # type: ignore[arg-type]
+        replies: dict[str, Any] = {}
+
+        async def post_mounted() -> None:
+            replies["mounted"] = await client.post("/genrm/verify", content=encode(member(0)))
+
+        async with (
+            httpx.AsyncClient(transport=transport, base_url="http://genrm.test") as client,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(post_mounted)
+            replies["direct"] = await server.verify(member(1))
+        mounted, direct = replies["mounted"], replies["direct"]
+        assert (mounted.status_code, direct.status) == (200, 200)
+        assert json.loads(mounted.content)["reward"] == 3.0
+        assert server.calls() == 2
 
 
 async def test_non_standard_literals_are_echoed_and_fingerprinted() -> None:
@@ -356,6 +382,25 @@ async def test_non_standard_literals_are_echoed_and_fingerprinted() -> None:
         replay = await server.verify(text)
         assert replay.raw == replies[0].raw
         assert server.calls() == 2
+
+
+@pytest.mark.usefixtures("default_digit_cap")
+async def test_integers_of_any_length_are_echoed_and_fingerprinted_exactly() -> None:
+    # W-21, C-20: JSON puts no bound on an integer's digits; the server reads them without
+    # lifting Python's 4,300-digit cap for the process that embeds it.
+    huge = b"7" * 5000
+    text = encode(member(0)).replace(b'"id": ', b'"seed": ' + huge + b', "id": ')
+    async with running_server() as server:
+        assert sys.get_int_max_str_digits() == 4300
+        replies = await server.verify_all([text, encode(member(1))])
+        assert [r.status for r in replies] == [200, 200]
+        assert re.search(rb'"seed":\s*' + huge + rb"\s*,", replies[0].raw)
+        one_digit_off = text.replace(huge, huge[:-1] + b"8")
+        assert (await server.verify(one_digit_off)).status == 409
+        replay = await server.verify(text)
+        assert replay.raw == replies[0].raw
+        assert server.calls() == 2
+    assert sys.get_int_max_str_digits() == 4300
 
 
 # --- §10.3 reply shape and echo ---------------------------------------------------------------

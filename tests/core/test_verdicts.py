@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -96,17 +94,6 @@ def test_non_finite_numbers_invalidate_the_candidate(literal: str) -> None:
 
 def test_huge_integers_are_not_finite_scores() -> None:
     assert parse('{"score_1": ' + "9" * 400 + "}") is None
-
-
-@pytest.fixture
-def default_digit_cap() -> Iterator[None]:
-    """Python's own 4,300-digit cap, whatever an earlier test did to the interpreter."""
-    earlier = sys.get_int_max_str_digits()
-    sys.set_int_max_str_digits(4300)
-    try:
-        yield
-    finally:
-        sys.set_int_max_str_digits(earlier)
 
 
 @pytest.mark.usefixtures("default_digit_cap")

@@ -12,18 +12,16 @@ import pytest
 
 from genrm_trio.config import Config
 from genrm_trio.core.messages import MIGRATION_SUFFIX
-from genrm_trio.http.wire import (
-    Healthz,
-    MaskedRow,
-    VerifyRequest,
-    VerifyRow,
+from genrm_trio.http.bodies import VerifyRequest
+from genrm_trio.http.parsing import parse_verify_body
+from genrm_trio.http.rendering import (
     bound_failure_text,
     error_body,
-    parse_verify_body,
     render_healthz,
     render_masked_row,
     render_scored_row,
 )
+from genrm_trio.http.schema import Healthz, MaskedRow, VerifyRow
 
 GROUP = Config(judge_base_url="http://judge/v1", judge_model="m", num_rollouts_per_prompt=2)
 SINGLE = Config(judge_base_url="http://judge/v1", judge_model="m", num_rollouts_per_prompt=1)
@@ -338,7 +336,12 @@ def test_healthz_reports_status_and_the_counts() -> None:
     }
     assert render_healthz("ok", counts) == (
         b'{"status":"ok","active_groups":1,"retained_records":2,"watermarks":3,"judge_in_flight":4,'
-        b'"legacy_resends_collecting":5,"judge_attempts_total":6}'
+        b'"legacy_resends_collecting":5,"judge_attempts_total":6,"group_store":"memory",'
+        b'"group_store_available":true}'
+    )
+    shared = render_healthz("ok", counts, ("redis://10.0.0.2:6379/0", False))
+    assert shared.endswith(
+        b'"group_store":"redis://10.0.0.2:6379/0","group_store_available":false}'
     )
     shutting = msgspec.json.decode(render_healthz("shutting_down", counts), type=Healthz)
     assert shutting.status == "shutting_down"

@@ -1,0 +1,50 @@
+"""Typed server configuration: the schema, its checks, and loading from YAML and ``--set``.
+
+Every name other modules use is re-exported here, so `from genrm_trio.config import X` works.
+"""
+
+from genrm_trio.config.checks import (
+    CONFIG_KEYS,
+    REQUIRED_KEYS,
+    SERVER_OWNED_SAMPLING_KEYS,
+    ConfigError,
+    config_from_mapping,
+    url_without_userinfo,
+)
+from genrm_trio.config.loading import (
+    API_KEY_ENV,
+    config_warnings,
+    format_seconds,
+    load_config,
+    public_view,
+    resolve_api_key,
+)
+from genrm_trio.config.schema import (
+    DEFAULT_PRINCIPLE,
+    SAMPLING_KEY,
+    Config,
+    JudgeApi,
+    LogLevel,
+    Strategy,
+)
+
+__all__ = [
+    "API_KEY_ENV",
+    "CONFIG_KEYS",
+    "DEFAULT_PRINCIPLE",
+    "REQUIRED_KEYS",
+    "SAMPLING_KEY",
+    "SERVER_OWNED_SAMPLING_KEYS",
+    "Config",
+    "ConfigError",
+    "JudgeApi",
+    "LogLevel",
+    "Strategy",
+    "config_from_mapping",
+    "config_warnings",
+    "format_seconds",
+    "load_config",
+    "public_view",
+    "resolve_api_key",
+    "url_without_userinfo",
+]

@@ -1,0 +1,92 @@
+"""The configuration's schema: the Config struct, its key types and the defaults."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+DEFAULT_PRINCIPLE = (
+    "You are an impartial judge comparing two assistant responses to the conversation above. "
+    "Before judging, write your own answer to the user's last message. Then check both responses "
+    "against it, and point out and correct any mistakes or inaccurate statements. Decide how "
+    "helpful each response is: it should answer the request or follow the instructions, and when "
+    "the request is ambiguous or open to several readings, asking the user to clarify is better "
+    "than guessing. Decide how relevant each response is: every part should relate to what was "
+    "asked. Decide how concise each response is: clear and to the point, without padding or "
+    "needless length. Where it matters, weigh creativity and novelty. Note any important "
+    "information that is missing from either response and would help the user."
+)
+
+SAMPLING_KEY = "genrm_responses_create_params"
+
+
+def default_sampling() -> dict[str, Any]:
+    return {"max_output_tokens": 16384, "temperature": 0.6, "top_p": 0.95}
+
+
+JudgeApi = Literal["chat_completions", "responses"]
+Strategy = Literal["circular", "all_pairs", "fixed_baseline"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True):
+    """The effective configuration; field names are the configuration keys."""
+
+    judge_base_url: str
+    judge_model: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    listen_backlog: int = 4096
+    judge_api: JudgeApi = "chat_completions"
+    judge_api_key: str | None = None
+    judge_max_concurrency: int = 256
+    judge_request_timeout_s: float = 1800.0
+    judge_retry_max_sleep_s: float = 8.0
+    genrm_parse_retries: int = 3
+    genrm_parse_retry_sleep_s: float = 0.2
+    genrm_responses_create_params: dict[str, Any] = msgspec.field(default_factory=default_sampling)
+    compare_timeout_s: float | None = None
+    num_rollouts_per_prompt: int = 16
+    cohort_collection_timeout_s: float = 1800.0
+    cohort_evaluation_timeout_s: float = 1800.0
+    cohort_result_ttl_s: float | None = 3600.0
+    max_terminal_cohorts: int = 4096
+    comparison_strategy: Strategy = "circular"
+    num_judges_per_comparison: int = 1
+    use_principle: bool = False
+    default_principle: str = DEFAULT_PRINCIPLE
+    aggregator_method: Literal["simple_tiebreaker"] = "simple_tiebreaker"
+    reasoning_bonus: float = 0.0
+    answer_bonus: float = 0.0
+    top_percentile: float = 0.2
+    group_reasoning_length_penalty_coeff: float = 0.0
+    group_answer_length_penalty_coeff: float = 0.0
+    group_style_penalty_coeff: float = 0.0
+    default_score: float = 3.0
+    default_ranking: float = 3.5
+    max_body_bytes: int = 67108864
+    # Bodies of requests in flight kept in memory; beyond it they wait in files in spool_dir
+    # (None: no budget, every body stays in memory).
+    waiting_body_memory_bytes: int | None = 1073741824
+    spool_dir: str | None = None  # None: a private temporary directory removed at exit
+    max_compare_responses: int = 1024
+    shutdown_grace_s: float = 5.0
+    log_level: LogLevel = "INFO"
+    debug_logging: bool = False
+    early_judging: bool = False
+    # Where groups live: this process's memory, or a Redis/Valkey URL shared by several
+    # processes (SPEC X-4). The password may come from the URL or GENRM_GROUP_STORE_PASSWORD.
+    group_store: str = "memory"
+    group_store_key_prefix: str = "genrm:"  # lets several deployments share one database
+    group_store_lease_s: float = 30.0  # an evaluation owner's lease, renewed every third
+    group_store_poll_s: float = 1.0  # sweeps: deadlines, expired leases, missed wake-ups
+
+    @property
+    def group_mode(self) -> bool:
+        """W-11: groups are gathered when N > 1 or under fixed_baseline."""
+        return self.num_rollouts_per_prompt > 1 or self.comparison_strategy == "fixed_baseline"
+
+    @property
+    def attempts_per_comparison(self) -> int:
+        return self.genrm_parse_retries + 1

@@ -1,0 +1,200 @@
+"""Rendering replies (W-20…W-50): byte-exact scored and masked rows, the /compare and /healthz
+replies, and error bodies."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any, Final, cast
+
+import msgspec
+
+from genrm_trio.core.canonical import canonical_json
+from genrm_trio.http import json_scan
+from genrm_trio.http.bodies import (
+    FAILURE_TEXT_MAX_CODE_POINTS,
+    METRIC_KEYS,
+    EchoValue,
+    FileSpan,
+    VerifyRequest,
+)
+from genrm_trio.http.schema import CompareMetrics, CompareReply, ComparisonResult, Healthz
+
+_MASK_MEMBER: Final = b'"mask_sample":true'
+_MASKED_INSTANCE_CONFIG: Final = b'{"mask_sample":true}'
+_INSTANCE_CONFIG_KEY: Final = b'"instance_config"'
+_SCORED_TAIL: Final = b',"mask_sample":false,"failure_kind":null,"failure_reason":null'
+_METRIC_KEY_JSON: Final = {key: b"," + canonical_json(key) + b":" for key in METRIC_KEYS}
+_ENCODER: Final = msgspec.json.Encoder()
+
+
+def render_scored_row(
+    req: VerifyRequest, reward: float, metrics: Mapping[str, float] | None
+) -> bytes:
+    """W-20: the echo, then reward and the unmasked flags, then the five group metrics if given."""
+    return b"".join(_in_memory(scored_row_parts(req, reward, metrics)))
+
+
+def scored_row_parts(
+    req: VerifyRequest, reward: float, metrics: Mapping[str, float] | None
+) -> list[EchoValue]:
+    """The scored row in order, with the spans of a spooled body left to be read."""
+    parts = _echo_parts(req.echo.members)
+    parts.append(b'"reward":')
+    parts.append(_number(reward))
+    parts.append(_SCORED_TAIL)
+    if metrics is not None:
+        for key in METRIC_KEYS:
+            parts.append(_METRIC_KEY_JSON[key])
+            parts.append(_number(metrics[key]))
+    parts.append(b"}")
+    return parts
+
+
+def render_masked_row(req: VerifyRequest, failure_text: str) -> bytes:
+    """W-30…W-32: the masked row (see ``masked_row_parts``)."""
+    return b"".join(_in_memory(masked_row_parts(req, failure_text)))
+
+
+def _in_memory(parts: list[EchoValue]) -> list[bytes | memoryview]:
+    if any(isinstance(part, FileSpan) for part in parts):
+        raise ValueError("the request's body waits in a spool file; stream its row instead")
+    return cast(list[bytes | memoryview], parts)
+
+
+def masked_row_parts(req: VerifyRequest, failure_text: str) -> list[EchoValue]:
+    """W-30…W-32: the echo with ``instance_config`` masked, then the masked flags and text.
+
+    An ``instance_config`` the request lacked goes after the echoed request keys and before the
+    coordinates the request lacked. The text is cut to 2000 code points if longer; callers that
+    add the legacy suffix bound it first with ``bound_failure_text``.
+    """
+    echo = req.echo
+    members = list(echo.members)
+    if echo.instance_config is None:
+        members.insert(echo.request_members, (_INSTANCE_CONFIG_KEY, _MASKED_INSTANCE_CONFIG))
+    else:
+        key, value = members[echo.instance_config]
+        assert not isinstance(value, FileSpan)  # spooling keeps it in memory
+        members[echo.instance_config] = (key, _masked_instance_config(bytes(value)))
+    text = _json_string(failure_text[:FAILURE_TEXT_MAX_CODE_POINTS])
+    parts = _echo_parts(members)
+    parts.append(b'"reward":0.0,"mask_sample":true,"failure_kind":"judge_failed","failure_reason":')
+    parts.append(text)
+    parts.append(b',"_ng_failure_class":"judge_failed","_ng_failure_judge_error":')
+    parts.append(text)
+    parts.append(b"}")
+    return parts
+
+
+def bound_failure_text(text: str, suffix: str = "") -> str:
+    """W-31: ``text + suffix`` in at most 2000 code points, cutting ``text``, never ``suffix``."""
+    room = max(FAILURE_TEXT_MAX_CODE_POINTS - len(suffix), 0)
+    return text[:room] + suffix
+
+
+def error_body(detail: str) -> bytes:
+    """W-3: ``{"detail": "<message>"}``."""
+    return b'{"detail":' + _json_string(detail) + b"}"
+
+
+def render_compare_reply(
+    rewards: list[float],
+    comparison_results: list[dict[str, Any]] | None,
+    metrics: Mapping[str, float] | None,
+) -> bytes:
+    """W-40: rewards in input order, the comparison results and the three group metrics."""
+    for reward in rewards:
+        _check_finite(reward)
+    reply = CompareReply(
+        rewards=[float(reward) for reward in rewards],
+        comparison_results=None
+        if comparison_results is None
+        else [
+            ComparisonResult(
+                response_i=int(result["response_i"]),
+                response_j=int(result["response_j"]),
+                judge_idx=int(result["judge_idx"]),
+                score_1=float(result["score_1"]),
+                score_2=float(result["score_2"]),
+                ranking=float(result["ranking"]),
+            )
+            for result in comparison_results
+        ],
+        metrics=None
+        if metrics is None
+        else CompareMetrics(
+            mean_individual_score=float(metrics["mean_individual_score"]),
+            std_individual_score=float(metrics["std_individual_score"]),
+            tiebreak_usage_rate=float(metrics["tiebreak_usage_rate"]),
+        ),
+    )
+    return _ENCODER.encode(reply)
+
+
+def render_healthz(
+    status: str, counts: Mapping[str, int], store: tuple[str, bool] = ("memory", True)
+) -> bytes:
+    """W-50: the status, the four state counts, the count of resent legacy groups, the judge
+    attempts started so far, and the group store (X-4)."""
+    if status not in ("ok", "shutting_down"):
+        raise ValueError(f"unknown health status {status!r}")
+    return _ENCODER.encode(
+        Healthz(
+            status=status,  # type: ignore[arg-type]
+            active_groups=counts["active_groups"],
+            retained_records=counts["retained_records"],
+            watermarks=counts["watermarks"],
+            judge_in_flight=counts["judge_in_flight"],
+            legacy_resends_collecting=counts.get("legacy_resends_collecting", 0),
+            judge_attempts_total=counts.get("judge_attempts_total", 0),
+            group_store=store[0],
+            group_store_available=store[1],
+        )
+    )
+
+
+def _echo_parts(members: list[tuple[bytes | memoryview, EchoValue]]) -> list[EchoValue]:
+    parts: list[EchoValue] = [b"{"]
+    for key, value in members:
+        parts += (key, b":", value, b",")
+    return parts
+
+
+def _masked_instance_config(raw: bytes) -> bytes:
+    """W-30: an object keeps its members as sent, with ``mask_sample`` set; else it is replaced."""
+    if raw[:1] != b"{":
+        return _MASKED_INSTANCE_CONFIG
+    members: list[bytes] = []
+    masked = False
+    for member in json_scan.split_object(raw, validate=False):
+        if member.key == "mask_sample":
+            # Later duplicates go, so that whichever occurrence a reader keeps says true.
+            if not masked:
+                members.append(_MASK_MEMBER)
+                masked = True
+            continue
+        key = raw[member.key_start : member.key_end]
+        members.append(key + b":" + raw[member.value_start : member.value_end])
+    if not masked:
+        members.append(_MASK_MEMBER)
+    return b"{" + b",".join(members) + b"}"
+
+
+def _check_finite(value: float) -> None:
+    if isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"a reply number must be finite, got {value!r}")
+
+
+def _number(value: float) -> bytes:
+    _check_finite(value)
+    return repr(float(value)).encode("ascii")
+
+
+def _json_string(text: str) -> bytes:
+    try:
+        return _ENCODER.encode(text)
+    except UnicodeEncodeError:
+        # Lone surrogates (possible in texts built from client strings) have no UTF-8 form.
+        return json.dumps(text).encode("ascii")

@@ -1,0 +1,643 @@
+"""The Trio runtime over a shared group store: local waiters, leased evaluations, sweeps.
+
+Several processes serve the same groups. Each /verify runs the core's arrival as one store
+transaction; a request that must wait holds a local one-shot slot keyed by its record's id and
+is woken by the store's notification, or by the sweep that polls the outcome keys of every
+record a local request waits on (a lost notification delays an answer, never strands it).
+The transaction that fills a group also claims its evaluation under a lease with a fencing
+token; the owner renews the lease while it judges, and publishes only through a transaction
+that finds its own token still in the record. Collection deadlines and expired leases are
+found by any process's sweep in the store's sorted sets: a group whose owner died is taken over
+and judged again once its lease has expired, within its evaluation deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from genrm_trio.config import Config
+from genrm_trio.core import messages
+from genrm_trio.core.groups import (
+    Answer,
+    Arrival,
+    Decision,
+    GroupRegistry,
+    Outcome,
+    Phase,
+    Record,
+    Rejected,
+    Scored,
+    Statistics,
+    Wait,
+    Waiter,
+    group_key,
+)
+from genrm_trio.core.identity import ResponseIdentity
+from genrm_trio.core.pairs import Comparison
+from genrm_trio.core.verdicts import Verdict
+from genrm_trio.judge.client import JudgeFailure
+from genrm_trio.judge.transport import TransportFactory
+from genrm_trio.runtime.engine import Engine, MemberRequest, _first_error
+from genrm_trio.runtime.hooks import Hooks, call_hook
+from genrm_trio.store.records import StoreMeta
+from genrm_trio.store.redis_store import (
+    RedisGroupStore,
+    StoreFailed,
+    Transaction,
+    group_ref,
+    record_ref,
+)
+from genrm_trio.store.resp import StoreUnavailable
+
+log = logging.getLogger("genrm_trio")
+
+
+class SharedEngine(Engine):
+    """A server instance whose groups live in a shared store (SPEC X-4, X-1)."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: RedisGroupStore,
+        *,
+        judge_transport: TransportFactory | None = None,
+        hooks: Hooks | None = None,
+        poll_s: float = 1.0,
+        notifications: bool = True,
+    ) -> None:
+        super().__init__(config, judge_transport=judge_transport, hooks=hooks)
+        self.store = store
+        self.poll_s = poll_s
+        self.notifications = notifications
+        self._closed = False
+        # record id -> this process's waiting requests on it: (slot, one-shot slot)
+        self._waiting: dict[str, list[tuple[int, Waiter]]] = {}
+        # (record id, fencing token) -> an evaluation this process runs; a process can hold a
+        # stale one and a newer one of the same record (it took its own group over).
+        self._evaluations: dict[tuple[str, int], trio.CancelScope] = {}
+        self._queued: dict[str, list[_Arriving]] = {}  # group -> arrivals for its next batch
+        self._store_counts: dict[str, int] | None = None
+        self.claims = 0  # evaluations this process claimed (at the fill, or by taking over)
+        self.published = 0  # outcomes it stored
+        self.refused = 0  # results the fence refused: another claim had come since
+
+    # ---- lifetime ------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            if self.notifications:
+                nursery.start_soon(self._listen)
+            nursery.start_soon(self._sweep)
+            task_status.started()
+            await self._stopped.wait()
+            nursery.cancel_scope.cancel()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def begin_shutdown(self) -> None:
+        """Answer this process's waiters and stop its evaluations; the groups stay in the store.
+
+        Other processes still serve the same groups, so shutting one down fails none of them:
+        an evaluation this process owned is taken over when its lease expires.
+        """
+        if self._shutdown_started:
+            return
+        self._shutdown_started = True
+        self._closed = True
+        log.info("GenRM server shutting down")
+        shutting_down = Rejected(503, messages.SHUTTING_DOWN)
+        waiting, self._waiting = self._waiting, {}
+        for waiters in waiting.values():
+            for _, waiter in waiters:
+                waiter.resolve(shutting_down)
+        for scope in self._evaluations.values():
+            scope.cancel()
+
+    async def shutdown(self) -> None:
+        self.begin_shutdown()
+        if self._shutdown_done.is_set():
+            return
+        with trio.move_on_after(self.config.shutdown_grace_s, shield=True):
+            if self._owned_tasks:
+                await self._tasks_done.wait()
+        with trio.move_on_after(self.config.shutdown_grace_s, shield=True):
+            await self.judge.aclose()
+            await self.store.aclose()
+        self._stopped.set()
+        self._shutdown_done.set()
+        log.info("GenRM server shut down")
+
+    # ---- /verify -------------------------------------------------------------------------------
+
+    async def verify(
+        self,
+        request: MemberRequest,
+        *,
+        after_reply: list[Callable[[], None]] | None = None,
+        on_wait: Callable[[ResponseIdentity], None] | None = None,
+    ) -> Outcome:
+        prepared = self._arrival(request)
+        if isinstance(prepared, Scored | Rejected):
+            return prepared
+        arrival, identity = prepared
+        # Extraction runs once per accepted member even if the transaction is run again (C-31).
+        arrival.prepare = _once(arrival.prepare)
+        woken = trio.Event()
+        legacy_key = None
+        if arrival.group_id is None:
+            legacy_key = group_key(
+                None, arrival.attempt, arrival.task_index, arrival.prompt_id, arrival.digest
+            )
+        ref = group_ref(arrival.group_id, legacy_key)
+        arriving = _Arriving(arrival, identity, woken)
+        del arrival, prepared
+        self._enqueue(ref, arriving)
+        try:
+            await arriving.done.wait()
+        except BaseException:
+            if arriving.done.is_set():
+                self._abandon(arriving)
+            else:
+                arriving.abandoned = True  # the batch it is in cleans up after it
+            raise
+        if arriving.failed is not None:
+            identity.release()
+            return arriving.failed
+        decision = arriving.decision
+        assert decision is not None
+        reply = decision.reply
+        # The member's identity is in the store now (digest and canonical fingerprint): this
+        # process needs the bytes only for the reply's echo, which the request holds itself.
+        if isinstance(reply, Answer):
+            identity.release()
+            return reply.outcome
+        if on_wait is not None:
+            on_wait(identity)
+        try:
+            await woken.wait()
+        except BaseException:
+            # A disconnect removes only this request's waiter (C-51); the group goes on.
+            self._abandon(arriving)
+            raise
+        if after_reply is None:
+            identity.release()
+        else:
+            after_reply.append(identity.release)
+        assert reply.waiter.outcome is not None
+        return reply.waiter.outcome
+
+    def _enqueue(self, ref: str, arriving: _Arriving) -> None:
+        """Arrivals of one group in this process go to the store together, one transaction
+        per batch: the members of a group come within milliseconds, and one transaction each
+        would only make them retry on each other's WATCH."""
+        queue = self._queued.get(ref)
+        if queue is not None:
+            queue.append(arriving)
+            return
+        self._queued[ref] = [arriving]
+        self._spawn(self._flush, ref)
+
+    async def _flush(self, ref: str) -> None:
+        batch: list[_Arriving] = []
+        try:
+            while True:
+                batch = self._queued[ref]
+                if not batch:
+                    del self._queued[ref]
+                    return
+                self._queued[ref] = []
+                await self._apply_batch(ref, batch)
+        finally:
+            # Cancelled (shutdown): whoever still waits for a transaction is told so.
+            unanswered = [a for a in batch + self._queued.pop(ref, []) if not a.done.is_set()]
+            for arriving in unanswered:
+                arriving.failed = Rejected(503, messages.SHUTTING_DOWN)
+                arriving.done.set()
+
+    async def _apply_batch(self, ref: str, batch: list[_Arriving]) -> None:
+        def step(tx: Transaction[Any]) -> list[Decision]:
+            decisions = []
+            for arriving in batch:
+                assert arriving.arrival is not None
+                decisions.append(tx.registry.arrive(arriving.arrival, tx.now, arriving.woken.set))
+            return decisions
+
+        def before_commit(tx: Transaction[Any]) -> Callable[[], None] | None:
+            # Registered before EXEC: the outcome can be published the moment EXEC applies.
+            undo: list[Callable[[], None]] = []
+            for decision in tx.result or ():
+                reply = decision.reply
+                if isinstance(reply, Wait):
+                    undo.append(self._register(_rid(reply.record), reply.slot, reply.waiter))
+
+            def undo_all() -> None:
+                for each in undo:
+                    each()
+
+            return undo_all
+
+        try:
+            tx = await self.store.transact(ref, step, before_commit=before_commit)
+        except StoreFailed as exc:
+            for arriving in batch:
+                arriving.failed = Rejected(503, str(exc))
+        except Exception as exc:
+            # A defect, not the store: these requests fail, the server and the group go on.
+            log.error("GenRM group store transaction failed", exc_info=exc)
+            text = f"GenRM group store transaction failed: {messages.exception_text(exc)}"
+            for arriving in batch:
+                arriving.failed = Rejected(503, text)
+        else:
+            assert tx.result is not None
+            for arriving, decision in zip(batch, tx.result, strict=True):
+                arriving.decision = decision
+            self._after(tx)
+        for arriving in batch:
+            # A waiting request keeps only what its reply echoes (I-10).
+            arriving.arrival = None
+            arriving.done.set()
+            if arriving.abandoned:
+                self._abandon(arriving)
+
+    def _abandon(self, arriving: _Arriving) -> None:
+        """The request left: drop its local waiter, if any, and its response's bytes."""
+        reply = arriving.decision.reply if arriving.decision is not None else None
+        if isinstance(reply, Wait):
+            self._unregister(_rid(reply.record), reply.waiter)
+        arriving.identity.release()
+
+    def _register(self, rid: str, slot: int, waiter: Waiter) -> Callable[[], None]:
+        self._waiting.setdefault(rid, []).append((slot, waiter))
+        return lambda: self._unregister(rid, waiter)
+
+    def _unregister(self, rid: str, waiter: Waiter) -> None:
+        waiters = self._waiting.get(rid)
+        if waiters is None:
+            return
+        waiters[:] = [entry for entry in waiters if entry[1] is not waiter]
+        if not waiters:
+            del self._waiting[rid]
+
+    def _deliver(self, record: Record) -> None:
+        """Answer every local waiter of a finished record with its slot's outcome."""
+        waiters = self._waiting.pop(_rid(record), None)
+        for slot, waiter in waiters or ():
+            outcome = self.registry.settled_outcome(record, slot)
+            assert outcome is not None, "a finished record answers every slot"
+            waiter.resolve(outcome)
+
+    def _after(self, tx: Transaction[Any]) -> None:
+        """Run what a committed transaction asks of this process."""
+        finished = tx.finished
+        if finished is not None:
+            # Local waiters need not wait for the notification; an evaluation of ours that
+            # this transaction ended (supersession) stops at once.
+            self._deliver(finished)
+            if finished is not tx.claimed:
+                for (rid, _), scope in self._evaluations.items():
+                    if rid == _rid(finished):
+                        scope.cancel()
+        if tx.claimed is not None and not self._closed:
+            self.claims += 1
+            # Listed at once, not when the task first runs: the evaluation is this process's
+            # from the moment of the claim (statistics, cancellation by a supersession).
+            meta = _meta(tx.claimed)
+            scope = self._evaluations[meta.rid, meta.fence] = trio.CancelScope()
+            self._spawn(self._evaluate, tx.claimed, tx.now, scope)
+
+    # ---- wake-ups ------------------------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        """Follow the store's notifications; after every (re)subscription, poll once."""
+        while True:
+            try:
+                connection = await self.store.client.connect()
+            except StoreUnavailable:
+                await trio.sleep(self.poll_s)
+                continue
+            try:
+                await connection.pipeline([["SUBSCRIBE", self.store.channel]])
+                await self._poll_waiters()
+                while True:
+                    message = await connection.receive()
+                    if isinstance(message, list) and message and message[0] == b"message":
+                        rid = message[2].decode()
+                        if rid in self._waiting:
+                            for record in (await self.store.finished_records([rid])).values():
+                                self._deliver(record)
+            except (StoreUnavailable, StoreFailed):
+                await trio.sleep(self.poll_s)
+            finally:
+                await connection.aclose()
+
+    async def _poll_waiters(self) -> None:
+        for record in (await self.store.finished_records(list(self._waiting))).values():
+            self._deliver(record)
+
+    async def _sweep(self) -> None:
+        """Every poll interval: waiters' outcomes, expired collections, expired leases."""
+        while True:
+            await trio.sleep(self.poll_s)
+            try:
+                await self._poll_waiters()
+                for ref in await self.store.due(self.store.due_set):
+                    self._after(await self.store.transact(ref, self._collection_expired))
+                for ref in await self.store.due(self.store.lease_set):
+                    self._after(await self.store.transact(ref, self._take_over))
+            except StoreFailed as exc:
+                log.debug("GenRM group store sweep failed: %s", exc)
+
+    @staticmethod
+    def _collection_expired(tx: Transaction[Any]) -> None:
+        record = tx.loaded
+        if record is not None and record.phase is Phase.COLLECTING:
+            meta = _meta(record)
+            if meta.collection_due <= tx.now:
+                tx.registry.collection_expired(record, tx.now)
+
+    def _take_over(self, tx: Transaction[Any]) -> None:
+        """An evaluation whose owner stopped renewing its lease: claim it, or fail it if its
+        evaluation deadline has passed meanwhile."""
+        record = tx.loaded
+        if record is None or record.phase is not Phase.EVALUATING:
+            return
+        meta = _meta(record)
+        if meta.lease_until is None or meta.lease_until > tx.now:
+            return
+        assert meta.evaluation_due is not None
+        if meta.evaluation_due <= tx.now:
+            tx.registry.evaluation_deadline(record, 0, tx.now)
+            return
+        log.warning(
+            "GenRM took over the evaluation of key='%s' after its owner's lease expired",
+            messages.log_key(record.key),
+        )
+        tx.claim(record, self.store.lease_s)
+
+    # ---- evaluation (owner) ----------------------------------------------------------------
+
+    async def _evaluate(self, record: Record, claimed_at: float, scope: trio.CancelScope) -> None:
+        """Judge a claimed record and publish its outcome through the fence."""
+        meta = _meta(record)
+        rid, fence = meta.rid, meta.fence
+        ref = record_ref(record)
+        assert meta.evaluation_due is not None
+        deadline = trio.current_time() + (meta.evaluation_due - claimed_at)
+        lane = self.judge.slots.lane(complete=True)
+        verdicts: dict[int, Verdict] = {}
+        finished = 0
+
+        def owned(tx: Transaction[Any]) -> Record | None:
+            current = tx.loaded
+            if current is None or current.phase is not Phase.EVALUATING:
+                return None
+            current_meta = _meta(current)
+            if current_meta.rid != rid or current_meta.fence != fence:
+                return None
+            return current
+
+        async def compare(comparison: Comparison) -> None:
+            nonlocal finished
+            await call_hook(
+                self.hooks.on_comparison_start,
+                comparison.first,
+                comparison.second,
+                comparison.judge_pass,
+            )
+            task = self._judge_task(record, comparison, lane)
+            result = await self.judge.judge(task, deadline=lambda: deadline)
+            finished += 1
+            if isinstance(result, JudgeFailure):
+                self.registry.comparison_failed(record, comparison, result.text)
+            else:
+                verdicts[comparison.index] = result.verdict
+
+        async def renew(lost: trio.CancelScope) -> None:
+            def extend(tx: Transaction[Any]) -> bool:
+                current = owned(tx)
+                if current is None:
+                    return False
+                _meta(current).lease_until = tx.now + self.store.lease_s
+                return True
+
+            while True:
+                await trio.sleep(self.store.lease_s / 3)
+                await call_hook(self.hooks.on_lease_renewal, record.key)
+                try:
+                    tx = await self.store.transact(ref, extend)
+                except StoreFailed:
+                    continue
+                if not tx.result:
+                    lost.cancel()  # superseded, failed, or taken over: nothing to publish
+                    return
+
+        publish: Callable[[Transaction[Any]], bool] | None = None
+        try:
+            with scope:
+                async with trio.open_nursery() as outer:
+                    outer.start_soon(renew, scope)
+                    async with trio.open_nursery() as comparisons:
+                        comparisons.cancel_scope.deadline = deadline
+                        await call_hook(self.hooks.on_evaluation_start, record.key)
+                        for comparison in record.plan:
+                            comparisons.start_soon(compare, comparison)
+                    outer.cancel_scope.cancel()
+                expired = comparisons.cancel_scope.cancel_called
+
+                def finish(tx: Transaction[Any]) -> bool:
+                    current = owned(tx)
+                    if current is None:
+                        return False
+                    current.failed_comparisons = dict(record.failed_comparisons)
+                    if expired:
+                        tx.registry.evaluation_deadline(current, finished, tx.now)
+                    else:
+                        tx.registry.finish_evaluation(current, verdicts, tx.now)
+                    return True
+
+                publish = finish
+        except Exception as exc:
+            cause = _first_error(exc)
+            log.error(
+                "GenRM cohort evaluation failed for key='%s'",
+                messages.log_key(record.key),
+                exc_info=cause,
+            )
+            text = messages.evaluation_failed(cause)
+
+            def fail(tx: Transaction[Any]) -> bool:
+                current = owned(tx)
+                if current is None:
+                    return False
+                tx.registry.fail_evaluation(current, text, tx.now)
+                return True
+
+            publish = fail
+        except BaseException:
+            del self._evaluations[rid, fence]
+            raise
+        try:
+            if publish is not None:  # else: lost the lease, superseded, or shutting down
+                await self._publish(ref, publish)
+        finally:
+            # Listed until its outcome is stored, so the evaluation counts as running until then.
+            del self._evaluations[rid, fence]
+
+    async def _publish(self, ref: str, step: Callable[[Transaction[Any]], bool]) -> None:
+        """Store the outcome; while the store is down, try again until it answers or the
+        fence refuses (another process took the evaluation over meanwhile)."""
+        while True:
+            try:
+                tx = await self.store.transact(ref, step)
+            except StoreFailed as exc:
+                log.warning("GenRM could not store an outcome, retrying: %s", exc)
+                await trio.sleep(self.poll_s)
+                continue
+            if tx.result:
+                self.published += 1
+            else:
+                self.refused += 1
+                log.warning("GenRM discarded an evaluation result: the group's fence moved on")
+            self._after(tx)
+            return
+
+    # ---- verification hooks --------------------------------------------------------------
+
+    def statistics(self) -> Statistics:
+        """This process's share: its waiters, tasks and judge calls (groups are in the store)."""
+        return Statistics(
+            collecting=0,
+            evaluating=len(self._evaluations),
+            retained_records=0,
+            watermarks=0,
+            idle_entries=0,
+            waiters=sum(len(w) for w in self._waiting.values()),
+            owned_tasks=self._owned_tasks,
+            judge_in_flight=self.judge.in_flight,
+            prune_visits=0,
+        )
+
+    def check_invariants(self) -> None:
+        if self._shutdown_done.is_set() and (self._owned_tasks or self._waiting):
+            raise AssertionError("owned tasks or waiters left after shutdown")
+
+    def store_status(self) -> tuple[str, bool]:
+        return self.store.name, self.store.available
+
+    async def refresh_health(self) -> None:
+        """Count the deployment's groups in the store; this doubles as a reachability check."""
+        try:
+            self._store_counts = await self.store.counts()
+        except StoreFailed:
+            self._store_counts = None
+
+    def health(self) -> Mapping[str, int]:
+        """The deployment's groups as the store counted them at the last health check (this
+        process's own evaluations while the store is unreachable), and this process's judge."""
+        counts = self._store_counts or {
+            "active_groups": len(self._evaluations),
+            "retained_records": 0,
+            "watermarks": 0,
+        }
+        return {
+            **counts,
+            "judge_in_flight": self.judge.in_flight,
+            "judge_attempts_total": self.judge.attempts_total,
+        }
+
+
+async def check_store_invariants(store: RedisGroupStore, config: Config) -> GroupRegistry:
+    """Load every group of the store into one registry and check SPEC I-2..I-4 on it.
+
+    Also checks that the store's sorted sets name exactly the records and watermarks they stand
+    for. For tests and operators; it reads every key under the prefix.
+    """
+    from genrm_trio.store.records import decode_record, decode_watermark
+
+    registry = GroupRegistry(config)
+    cursor = b"0"
+    keys: list[bytes] = []
+    while True:
+        cursor, batch = await store.call("SCAN", cursor, "MATCH", f"{store.prefix}*", "COUNT", 500)
+        keys += batch
+        if cursor == b"0":
+            break
+    records: dict[str, Record] = {}
+    marks: dict[str, bytes] = {}
+    for key in keys:
+        name = key.decode()[len(store.prefix) :]
+        if name.startswith("r:"):
+            data = await store.call("GET", key)
+            if data is not None:
+                records[name[2:]] = decode_record(data)
+        elif name.startswith("w:"):
+            data = await store.call("GET", key)
+            if data is not None:
+                marks[name[2:]] = data
+    for record in records.values():
+        registry.adopt(record)
+    for group_id, data in marks.items():
+        mark, idle_since = decode_watermark(data)
+        registry.adopt(None, (group_id, mark, idle_since))
+    registry.check_invariants()
+    # Entries whose TTL has passed stand for keys Redis already expired; the next trim drops
+    # them, so they are not counted here.
+    now = await store.time()
+    ttl = config.cohort_result_ttl_s
+
+    async def live(name: str) -> set[str]:
+        flat = await store.call("ZRANGE", f"{store.prefix}{name}", 0, -1, "WITHSCORES")
+        pairs = zip(flat[::2], flat[1::2], strict=True)
+        return {m.decode() for m, score in pairs if ttl is None or now - float(score) < ttl}
+
+    expected = {ref for ref, r in records.items() if not r.phase.active}
+    terminal = await live("terminal")
+    if terminal != expected:
+        raise AssertionError(f"terminal set {sorted(terminal)} != records {sorted(expected)}")
+    if await live("idle") != set(registry.idle_order.keys()):
+        raise AssertionError("idle set != idle watermarks")
+    return registry
+
+
+@dataclass(eq=False)
+class _Arriving:
+    """One /verify on its way into a batch, and what its transaction decided."""
+
+    arrival: Arrival | None
+    identity: ResponseIdentity
+    woken: trio.Event
+    done: trio.Event = field(default_factory=trio.Event)
+    decision: Decision | None = None
+    failed: Rejected | None = None
+    abandoned: bool = False  # the request left before its batch was applied
+
+
+def _meta(record: Record) -> StoreMeta:
+    meta = record.handle
+    assert isinstance(meta, StoreMeta)
+    return meta
+
+
+def _rid(record: Record) -> str:
+    return _meta(record).rid
+
+
+def _once(prepare: Callable[[bool], Any]) -> Callable[[bool], Any]:
+    """Extraction at most once per request; again only if a retried transaction finds the
+    member has become its group's first and the group's inputs are needed too."""
+    done: dict[bool, Any] = {}
+
+    def once(first: bool) -> Any:
+        if first not in done:
+            done[first] = prepare(first)
+        return done[first]
+
+    return once

@@ -1,0 +1,33 @@
+"""Which engine a server instance runs: groups in its own memory, or in a shared store."""
+
+from __future__ import annotations
+
+from genrm_trio.config import Config
+from genrm_trio.judge.transport import TransportFactory
+from genrm_trio.runtime.engine import Engine
+from genrm_trio.runtime.hooks import Hooks
+
+
+def build_engine(
+    config: Config, *, judge_transport: TransportFactory | None = None, hooks: Hooks | None = None
+) -> Engine:
+    """The in-memory engine for ``group_store: memory``, else the shared one on Redis/Valkey."""
+    if config.group_store == "memory":
+        return Engine(config, judge_transport=judge_transport, hooks=hooks)
+    from genrm_trio.runtime.shared import SharedEngine
+    from genrm_trio.store.redis_store import RedisGroupStore
+    from genrm_trio.store.resp import StoreAddress
+
+    store = RedisGroupStore(
+        config,
+        StoreAddress.parse(config.group_store),
+        config.group_store_key_prefix,
+        config.group_store_lease_s,
+    )
+    return SharedEngine(
+        config,
+        store,
+        judge_transport=judge_transport,
+        hooks=hooks,
+        poll_s=config.group_store_poll_s,
+    )

@@ -1,0 +1,447 @@
+"""The Redis/Valkey group store: each transition of the core, applied atomically to one group.
+
+A transaction loads one group's state (its record, its watermark, the legacy completion stamp)
+under WATCH, files it in a fresh ``GroupRegistry`` (``adopt``), runs the core's own transition on
+it, and writes back what changed in one MULTI/EXEC: the record, the watermark, the retention
+sorted sets, the deadline and lease sets, and for a record that just finished, its outcome key
+and a notification. If another process changed the group in between, EXEC does nothing and the
+transaction runs again on the new state. The rules of SPEC §5 therefore live only in
+``core/groups.py``; this module knows keys, clocks and retention bookkeeping.
+
+Every time is the store's clock (``TIME``), so deadlines written by one process mean the same
+to every other.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import trio
+
+from genrm_trio.config import Config
+from genrm_trio.core.critical import critical_section
+from genrm_trio.core.groups import GroupRegistry, Phase, Record
+from genrm_trio.store.records import (
+    StoreMeta,
+    decode_record,
+    decode_watermark,
+    encode_record,
+    encode_watermark,
+)
+from genrm_trio.store.resp import Arg, Client, ServerError, StoreAddress, StoreUnavailable
+
+log = logging.getLogger("genrm_trio")
+
+T = TypeVar("T")
+
+# How long a finished record's outcome stays readable by waiters in other processes, apart
+# from retention: long enough for a waiter that missed its notification to poll it.
+OUTCOME_KEY_TTL_S = 600
+
+# Count caps and expired heads of the retention sets (R-3): pops from the head only, and
+# deletes the record or watermark each entry stands for. Every transaction that changes a
+# group adds or removes its entries in the same EXEC, so an entry here always stands for a
+# retained terminal record (or an idle watermark) at the moment the script runs.
+_TRIM = """
+local cap = tonumber(ARGV[1])
+local function trim(zset, prefix)
+  if ARGV[2] ~= 'none' then
+    local old = redis.call('ZRANGEBYSCORE', zset, '-inf', ARGV[2])
+    for _, m in ipairs(old) do
+      redis.call('ZREM', zset, m)
+      if prefix ~= '' then redis.call('DEL', prefix .. m) end
+    end
+  end
+  local n = redis.call('ZCARD', zset) - cap
+  if n > 0 then
+    local heads = redis.call('ZRANGE', zset, 0, n - 1)
+    for _, m in ipairs(heads) do
+      redis.call('ZREM', zset, m)
+      if prefix ~= '' then redis.call('DEL', prefix .. m) end
+    end
+  end
+end
+trim(KEYS[1], ARGV[3])
+trim(KEYS[2], ARGV[4])
+trim(KEYS[3], '')
+return 0
+"""
+
+
+_DUE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+"""
+
+
+class StoreFailed(Exception):
+    """The store is unreachable or answered an error; nothing of the transition was applied."""
+
+    def __init__(self, address: str, cause: BaseException) -> None:
+        super().__init__(f"GenRM group store {address} is unavailable: {cause}")
+
+
+def group_ref(group_id: str | None, legacy_key: str | None) -> str:
+    """The store's name for one group: its explicit id, or its legacy key."""
+    return f"e:{group_id}" if group_id is not None else f"l:{legacy_key}"
+
+
+def record_ref(record: Record) -> str:
+    return group_ref(record.group_id, record.legacy_key or record.key)
+
+
+@dataclass
+class Transaction(Generic[T]):
+    """One attempt at a transition: the group's state filed in a registry of its own."""
+
+    registry: GroupRegistry
+    now: float
+    loaded: Record | None
+    logs: list[tuple[int, str]] = field(default_factory=list)
+    claimed: Record | None = None  # a record whose evaluation this transaction claimed
+    finished: Record | None = None  # the loaded record, if this transaction ended it
+    result: T | None = None
+
+    def claim(self, record: Record, lease_s: float) -> None:
+        """Take the record's evaluation: a new fencing token and a lease from now."""
+        meta = record.handle
+        assert isinstance(meta, StoreMeta)
+        meta.fence += 1
+        meta.lease_until = self.now + lease_s
+        self.claimed = record
+
+
+class RedisGroupStore:
+    """Groups of one deployment (one key prefix) in one Redis/Valkey database."""
+
+    def __init__(self, config: Config, address: StoreAddress, prefix: str, lease_s: float) -> None:
+        self.config = config
+        self.address = address
+        self.name = address.public()
+        self.prefix = prefix
+        self.lease_s = lease_s
+        self.client = Client(address)
+        self.channel = f"{prefix}outcomes"
+        self._terminal = f"{prefix}terminal"
+        self._idle = f"{prefix}idle"
+        self._legacy_done = f"{prefix}legacy-done"
+        self.due_set = f"{prefix}collection-due"
+        self.lease_set = f"{prefix}leases"
+        self.transactions = 0
+        self.conflicts = 0
+        self.available = True
+        self.last_error: str | None = None
+
+    # ---- keys ------------------------------------------------------------------------------
+
+    def record_key(self, ref: str) -> str:
+        return f"{self.prefix}r:{ref}"
+
+    def watermark_key(self, group_id: str) -> str:
+        return f"{self.prefix}w:{group_id}"
+
+    def outcome_key(self, rid: str) -> str:
+        return f"{self.prefix}o:{rid}"
+
+    # ---- errors ----------------------------------------------------------------------------
+
+    def _failed(self, exc: BaseException) -> StoreFailed:
+        self.available = False
+        self.last_error = str(exc) or type(exc).__name__
+        return StoreFailed(self.name, exc)
+
+    def _reached(self) -> None:
+        self.available = True
+        self.last_error = None
+
+    async def call(self, *args: Arg) -> Any:
+        try:
+            reply = await self.client.call(*args)
+        except (StoreUnavailable, ServerError) as exc:
+            raise self._failed(exc) from exc
+        self._reached()
+        return reply
+
+    async def pipeline(self, commands: list[list[Arg]]) -> list[Any]:
+        try:
+            replies = await self.client.pipeline(commands)
+        except StoreUnavailable as exc:
+            raise self._failed(exc) from exc
+        self._reached()
+        return replies
+
+    # ---- transactions ----------------------------------------------------------------------
+
+    async def transact(
+        self,
+        ref: str,
+        step: Callable[[Transaction[Any]], T],
+        *,
+        before_commit: Callable[[Transaction[Any]], Callable[[], None] | None] | None = None,
+    ) -> Transaction[T]:
+        """Run ``step`` (a core transition, synchronous) on the group ``ref`` until it commits.
+
+        ``before_commit`` runs after the step, before EXEC is sent, and may return an undo that
+        runs if the EXEC does not apply (a conflict, or the store failing).
+        """
+        group_id = ref[2:] if ref.startswith("e:") else None
+        legacy_key = ref[2:] if group_id is None else None
+        watched = [self.record_key(ref)]
+        if group_id is not None:
+            watched.append(self.watermark_key(group_id))
+        try:
+            while True:
+                self.transactions += 1
+                async with self.client.connection() as connection:
+                    self.client.round_trips += 2
+                    reads: list[list[Arg]] = [["WATCH", *watched], ["TIME"], ["GET", watched[0]]]
+                    if group_id is not None:
+                        reads.append(["GET", watched[1]])
+                    else:
+                        reads.append(["ZSCORE", self._legacy_done, legacy_key or ""])
+                    replies = await connection.pipeline(reads)
+                    for reply in replies:
+                        if isinstance(reply, ServerError):
+                            raise reply
+                    seconds, micros = replies[1]
+                    now = int(seconds) + int(micros) / 1e6
+                    try:
+                        tx, writes = self._run_step(
+                            ref, group_id, legacy_key, replies[2], replies[3], now, step
+                        )
+                    except BaseException:
+                        connection.broken = True  # still WATCHing: never hand it on
+                        raise
+                    undo = before_commit(tx) if before_commit is not None else None
+                    # Even a transition that writes nothing (a duplicate attaching a local
+                    # waiter, a replay) commits through EXEC: it tells whether the group stayed
+                    # as read, so a waiter is never registered on a state already gone.
+                    commands: list[list[Arg]] = [["MULTI"], *writes, ["EXEC"]]
+                    if writes:
+                        commands.append(self._trim_command(now))
+                    try:
+                        outcome = await connection.pipeline(commands)
+                    except BaseException:
+                        if undo is not None:
+                            undo()
+                        raise
+                    if outcome[len(writes) + 1] is None:
+                        if undo is not None:
+                            undo()
+                        self.conflicts += 1
+                        continue
+                    for reply in outcome:
+                        if isinstance(reply, ServerError):
+                            raise reply
+                    self._emit(tx)
+                    self._reached()
+                    return tx
+        except (StoreUnavailable, ServerError) as exc:
+            raise self._failed(exc) from exc
+
+    def _run_step(
+        self,
+        ref: str,
+        group_id: str | None,
+        legacy_key: str | None,
+        record_data: bytes | None,
+        second: Any,
+        now: float,
+        step: Callable[[Transaction[Any]], Any],
+    ) -> tuple[Transaction[Any], list[list[Arg]]]:
+        """Load, transition and diff, in one critical section: no checkpoint in between."""
+        with critical_section():
+            logs: list[tuple[int, str]] = []
+            registry = GroupRegistry(
+                self.config, log=lambda level, text: logs.append((level, text))
+            )
+            loaded = decode_record(record_data) if record_data is not None else None
+            if loaded is not None and loaded.phase.active and loaded.inputs is not None:
+                loaded.plan = registry.plan_for(loaded.inputs)
+            watermark_before: bytes | None = None
+            legacy_before: float | None = None
+            if group_id is not None:
+                watermark_before = second
+                mark = decode_watermark(second) if second is not None else None
+                registry.adopt(loaded, (group_id, *mark) if mark is not None else None)
+            else:
+                legacy_before = float(second) if second is not None else None
+                done = (legacy_key or "", legacy_before) if legacy_before is not None else None
+                registry.adopt(loaded, None, done)
+            was_active = loaded is not None and loaded.phase.active
+            tx: Transaction[Any] = Transaction(registry, now, loaded, logs)
+            tx.result = step(tx)
+            if was_active and loaded is not None and not loaded.phase.active:
+                tx.finished = loaded
+            return tx, self._writes(
+                tx, ref, group_id, legacy_key, record_data, watermark_before, legacy_before
+            )
+
+    def _writes(
+        self,
+        tx: Transaction[Any],
+        ref: str,
+        group_id: str | None,
+        legacy_key: str | None,
+        record_before: bytes | None,
+        watermark_before: bytes | None,
+        legacy_before: float | None,
+    ) -> list[list[Arg]]:
+        registry = tx.registry
+        now = tx.now
+        ttl = self.config.cohort_result_ttl_s
+        writes: list[list[Arg]] = []
+        record = (
+            registry.explicit.get(group_id)
+            if group_id is not None
+            else registry.legacy.get(legacy_key or "")
+        )
+        if record is not None and record.handle is None:
+            record.handle = StoreMeta(
+                uuid.uuid4().hex, record.started_at + self.config.cohort_collection_timeout_s
+            )
+        if record is not None:
+            meta = record.handle
+            assert isinstance(meta, StoreMeta)
+            if record.phase is Phase.EVALUATING and meta.lease_until is None:
+                # The move to evaluating and the claim of the evaluation are one transition.
+                meta.evaluation_due = now + self.config.cohort_evaluation_timeout_s
+                tx.claim(record, self.lease_s)
+        finished = tx.finished
+        record_after = encode_record(record) if record is not None else None
+        key = self.record_key(ref)
+        if record_after != record_before or finished is not None:
+            if record is None:
+                writes.append(["DEL", key])
+            else:
+                assert record_after is not None
+                meta = record.handle
+                assert isinstance(meta, StoreMeta)
+                command: list[Arg] = ["SET", key, record_after]
+                terminal = record.terminal_time if not record.phase.active else None
+                if terminal is not None and ttl is not None:
+                    command += ["PXAT", int((terminal + ttl) * 1000)]
+                writes.append(command)
+                if terminal is not None and id(record) in registry.terminal_index:
+                    writes.append(["ZADD", self._terminal, terminal, ref])
+                else:
+                    writes.append(["ZREM", self._terminal, ref])
+                if record.phase is Phase.COLLECTING:
+                    writes.append(["ZADD", self.due_set, meta.collection_due, ref])
+                else:
+                    writes.append(["ZREM", self.due_set, ref])
+                if record.phase is Phase.EVALUATING and meta.lease_until is not None:
+                    writes.append(["ZADD", self.lease_set, meta.lease_until, ref])
+                else:
+                    writes.append(["ZREM", self.lease_set, ref])
+            if record is None:
+                writes += [
+                    ["ZREM", self._terminal, ref],
+                    ["ZREM", self.due_set, ref],
+                    ["ZREM", self.lease_set, ref],
+                ]
+        if group_id is not None:
+            mark = registry.watermarks.get(group_id)
+            idle_since = registry.idle_order.stamped(group_id)
+            mark_after = encode_watermark(mark, idle_since) if mark is not None else None
+            if mark_after != watermark_before:
+                wkey = self.watermark_key(group_id)
+                if mark_after is None:
+                    writes += [["DEL", wkey], ["ZREM", self._idle, group_id]]
+                else:
+                    command = ["SET", wkey, mark_after]
+                    if idle_since is not None and ttl is not None:
+                        command += ["PXAT", int((idle_since + ttl) * 1000)]
+                    writes.append(command)
+                    if idle_since is not None:
+                        writes.append(["ZADD", self._idle, idle_since, group_id])
+                    else:
+                        writes.append(["ZREM", self._idle, group_id])
+        else:
+            stamped = registry.completed_legacy.stamped(legacy_key or "")
+            if stamped != legacy_before:
+                if stamped is None:
+                    writes.append(["ZREM", self._legacy_done, legacy_key or ""])
+                else:
+                    writes.append(["ZADD", self._legacy_done, stamped, legacy_key or ""])
+        if finished is not None:
+            # Waiters in every process read the finished record here (it may be superseded,
+            # retired or evicted from its own key by then), after the EXEC that stored it.
+            meta = finished.handle
+            assert isinstance(meta, StoreMeta)
+            outcome_key = self.outcome_key(meta.rid)
+            writes.append(["SET", outcome_key, encode_record(finished), "EX", OUTCOME_KEY_TTL_S])
+            writes.append(["PUBLISH", self.channel, meta.rid])
+        return writes
+
+    def _trim_command(self, now: float) -> list[Arg]:
+        ttl = self.config.cohort_result_ttl_s
+        cutoff: Arg = "none" if ttl is None else repr(now - ttl)
+        return [
+            "EVAL",
+            _TRIM,
+            3,
+            self._terminal,
+            self._idle,
+            self._legacy_done,
+            self.config.max_terminal_cohorts,
+            cutoff,
+            f"{self.prefix}r:",
+            f"{self.prefix}w:",
+        ]
+
+    @staticmethod
+    def _emit(tx: Transaction[Any]) -> None:
+        for level, text in tx.logs:
+            log.log(level, text)
+
+    # ---- reads -----------------------------------------------------------------------------
+
+    async def finished_records(self, rids: list[str]) -> dict[str, Record]:
+        """The finished records among ``rids`` (their outcome keys), by record id."""
+        if not rids:
+            return {}
+        replies = await self.call("MGET", *[self.outcome_key(rid) for rid in rids])
+        return {rid: decode_record(data) for rid, data in zip(rids, replies, strict=True) if data}
+
+    async def due(self, sorted_set: str, limit: int = 256) -> list[str]:
+        """Groups whose collection deadline or evaluation lease has passed (store clock)."""
+        members = await self.call("EVAL", _DUE, 1, sorted_set, limit)
+        return [member.decode() for member in members]
+
+    async def counts(self) -> dict[str, int]:
+        """Active groups, retained records and watermarks of this deployment (/healthz)."""
+        collecting, evaluating, retained, idle = await self.pipeline(
+            [
+                ["ZCARD", self.due_set],
+                ["ZCARD", self.lease_set],
+                ["ZCARD", self._terminal],
+                ["ZCARD", self._idle],
+            ]
+        )
+        active = collecting + evaluating
+        # An explicit group has a watermark while it is active or idle; legacy groups have none,
+        # so this counts active legacy groups too: close enough for a health figure.
+        return {"active_groups": active, "retained_records": retained, "watermarks": idle + active}
+
+    async def time(self) -> float:
+        seconds, micros = await self.call("TIME")
+        return int(seconds) + int(micros) / 1e6
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+async def wait_for_store(store: RedisGroupStore) -> None:
+    """Return once the store answers PING (used at start-up)."""
+    while True:
+        try:
+            await store.call("PING")
+            return
+        except StoreFailed:
+            await trio.sleep(0.1)

@@ -1,0 +1,49 @@
+"""Shrinking a failing scenario to a short list of steps that still breaks the same invariant."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from genrm_trio.testing.scenarios.runner import run_once
+from genrm_trio.testing.scenarios.steps import (
+    Post,
+    Scenario,
+    Step,
+    Via,
+)
+
+
+def shrink(
+    scenario: Scenario,
+    invariant: str,
+    *,
+    via: Via = "engine",
+    budget: int = 300,
+    quiet: bool = True,
+) -> Scenario:
+    """The shortest sub-list of steps found that still breaks `invariant` (greedy chunk removal)."""
+
+    def fails(steps: list[Step]) -> bool:
+        candidate = replace(scenario, steps=tuple(steps))
+        report = run_once(candidate, via, quiet)
+        return any(v.invariant == invariant for v in report.violations)
+
+    steps = list(scenario.steps)
+    chunk = max(1, len(steps) // 2)
+    while budget > 0 and steps:
+        index, progress = 0, False
+        while index < len(steps) and budget > 0:
+            candidate = steps[:index] + steps[index + chunk :]
+            budget -= 1
+            if candidate and fails(candidate):
+                steps, progress = candidate, True
+            else:
+                index += chunk
+        if chunk > 1:
+            chunk //= 2
+        elif not progress:
+            break
+    # Faults of groups no remaining step posts to cannot matter.
+    used = {(s.marker, s.attempt) for s in steps if isinstance(s, Post)}
+    faults = tuple(f for f in scenario.faults if (f.group, f.attempt) in used)
+    return replace(scenario, steps=tuple(steps), faults=faults)

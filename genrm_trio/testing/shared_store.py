@@ -1,0 +1,73 @@
+"""Group engines sharing one Redis store inside one process: for tests and benchmarks."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import msgspec
+import trio
+
+from genrm_trio.config import Config, config_from_mapping
+from genrm_trio.core.groups import Outcome
+from genrm_trio.http.parsing import parse_verify_body
+from genrm_trio.runtime.hooks import Hooks
+from genrm_trio.runtime.shared import SharedEngine
+from genrm_trio.store.redis_store import RedisGroupStore
+from genrm_trio.store.resp import StoreAddress
+from genrm_trio.testing.fake_judge import FakeJudge
+from genrm_trio.testing.harness import SCENARIO_DEFAULTS
+
+PREFIX = "test:"
+
+
+def shared_config(**overrides: Any) -> Config:
+    return config_from_mapping({**SCENARIO_DEFAULTS, **overrides})
+
+
+def new_store(url: str, config: Config, lease_s: float = 5.0) -> RedisGroupStore:
+    return RedisGroupStore(config, StoreAddress.parse(url), PREFIX, lease_s)
+
+
+@asynccontextmanager
+async def shared_engines(
+    url: str,
+    count: int = 2,
+    *,
+    judge: FakeJudge | None = None,
+    hooks: list[Hooks | None] | None = None,
+    lease_s: float = 5.0,
+    poll_s: float = 0.05,
+    notifications: bool = True,
+    **overrides: Any,
+) -> AsyncIterator[list[SharedEngine]]:
+    """``count`` running engines sharing one store and one fake judge."""
+    config = shared_config(**overrides)
+    judge = judge or FakeJudge()
+    engines = []
+    async with AsyncExitStack() as stack:
+        # No scenario here takes more than a few seconds; a hang fails instead of blocking.
+        stack.enter_context(trio.fail_after(60))
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        for index in range(count):
+            engine = SharedEngine(
+                config,
+                new_store(url, config, lease_s),
+                judge_transport=judge.transport(),
+                hooks=(hooks or [None] * count)[index],
+                poll_s=poll_s,
+                notifications=notifications,
+            )
+            await nursery.start(engine.run)
+            engines.append(engine)
+        try:
+            yield engines
+        finally:
+            for engine in engines:
+                await engine.shutdown()
+
+
+async def verify(engine: SharedEngine, body: dict[str, Any]) -> Outcome:
+    request = parse_verify_body(msgspec.json.encode(body), engine.config)
+    return await engine.verify(request)

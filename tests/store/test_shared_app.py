@@ -1,0 +1,62 @@
+"""Two in-process servers configured with ``group_store: redis://…`` (SPEC X-4): /verify over
+the app, /healthz reporting the store, and the 503 that names it while it is down."""
+
+from __future__ import annotations
+
+import trio
+
+from genrm_trio.testing.fake_judge import FakeJudge
+from genrm_trio.testing.harness import member, running_server
+from genrm_trio.testing.redis_server import RedisServer
+
+
+async def test_two_servers_share_groups_and_health_reports_the_store(
+    redis_server: RedisServer,
+) -> None:
+    judge = FakeJudge()
+    settings = {"group_store": redis_server.url, "group_store_poll_s": 0.05}
+    async with (
+        running_server(settings, judge=judge) as a,
+        running_server(settings, judge=judge) as b,
+    ):
+        replies = {}
+
+        async def send(server, i, q):  # type: ignore[no-untyped-def]
+            replies[i] = await server.verify(member(i, q))
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send, a, 0, 4)
+                nursery.start_soon(send, b, 1, 2)
+        assert [replies[i].reward for i in (0, 1)] == [4.0, 2.0]
+        assert replies[0].body["response"] == member(0, 4)["response"]  # the echo is whole
+        assert judge.stats()["requests_total"] == 2
+        health = await b.get("/healthz")
+        assert health.status == 200
+        assert health.body["group_store"] == f"redis://127.0.0.1:{redis_server.port}/0"
+        assert health.body["group_store_available"] is True
+        assert (health.body["retained_records"], health.body["watermarks"]) == (1, 1)
+
+        redis_server.kill()
+        down = await a.verify(member(0, 4, g="other"))
+        assert down.status == 503
+        assert down.detail.startswith(
+            f"GenRM group store redis://127.0.0.1:{redis_server.port}/0 is unavailable: "
+        )
+        health = await a.get("/healthz")
+        assert health.status == 200 and health.body["group_store_available"] is False
+
+        redis_server.start()
+        again = await a.verify(member(1, 2))
+        assert again.reward == 2.0  # a replay from the store that came back
+        assert (await a.get("/healthz")).body["group_store_available"] is True
+        assert judge.stats()["requests_total"] == 2
+
+
+async def test_memory_store_is_the_default_and_health_says_so() -> None:
+    async with running_server() as server:
+        health = await server.get("/healthz")
+        assert (health.body["group_store"], health.body["group_store_available"]) == (
+            "memory",
+            True,
+        )

@@ -1,0 +1,327 @@
+"""Engines in one process sharing a real Redis server (SPEC X-4, X-1): groups whose members
+arrive at different engines, leases, notifications, the store going away and coming back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
+from genrm_trio.runtime.hooks import Hooks
+from genrm_trio.runtime.shared import SharedEngine, check_store_invariants
+from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
+from genrm_trio.testing.harness import member
+from genrm_trio.testing.redis_server import RedisServer
+from genrm_trio.testing.shared_store import shared_config, shared_engines, verify
+
+SUPERSEDED = "GenRM group 'g' attempt 0 was superseded by attempt 1"
+
+
+def rewards(outcomes: dict[int, Outcome]) -> dict[int, float]:
+    return {i: o.reward for i, o in outcomes.items() if isinstance(o, Scored)}
+
+
+async def send_all(sends: list[tuple[SharedEngine, dict[str, Any]]]) -> dict[int, Outcome]:
+    """Send members concurrently, each to its engine; outcomes by rollout index."""
+    results: dict[int, Outcome] = {}
+
+    async def send(engine: SharedEngine, body: dict[str, Any]) -> None:
+        results[body["_ng_rollout_index"]] = await verify(engine, body)
+
+    async with trio.open_nursery() as nursery:
+        for engine, body in sends:
+            nursery.start_soon(send, engine, body)
+    return results
+
+
+async def wait_until(predicate: Any) -> None:
+    while not predicate():  # noqa: ASYNC110
+        await trio.sleep(0.01)
+
+
+async def test_members_at_different_engines_form_one_group(
+    shared_redis_server: RedisServer,
+) -> None:
+    judge = FakeJudge()
+    async with shared_engines(shared_redis_server.url, judge=judge, num_rollouts_per_prompt=4) as (
+        a,
+        b,
+    ):
+        results = await send_all(
+            [(a, member(0, 4)), (b, member(1, 2)), (a, member(2, 1)), (b, member(3, 5))]
+        )
+        assert rewards(results) == {0: 4.0, 1: 2.0, 2: 1.0, 3: 5.0}
+        assert judge.stats()["requests_total"] == 4  # circular, N = 4: once per comparison
+        # A replay at either engine answers the stored reward without a judge call.
+        assert (await verify(b, member(0, 4))) == results[0]
+        assert (await verify(a, member(3, 5))) == results[3]
+        other = await verify(a, member(1, 3))
+        assert other == Rejected(
+            409,
+            "GenRM cohort 'group_id::g::group_attempt::0' already has a different response "
+            "for rollout_index=1",
+        )
+        assert judge.stats()["requests_total"] == 4
+        await check_store_invariants(a.store, a.config)
+
+
+async def test_a_duplicate_at_another_engine_waits_for_the_same_outcome(
+    shared_redis_server: RedisServer,
+) -> None:
+    judge = FakeJudge()
+    async with shared_engines(shared_redis_server.url, judge=judge) as (a, b):
+        async with trio.open_nursery() as nursery:
+            first: list[Outcome] = []
+            nursery.start_soon(lambda: _append(first, verify(a, member(0, 4))))
+            await wait_until(lambda: a.statistics().waiters == 1)
+            nursery.start_soon(lambda: _append(first, verify(b, member(0, 4))))
+            await wait_until(lambda: b.statistics().waiters == 1)
+            last = await verify(b, member(1, 2))
+        assert [o.reward for o in first] == [4.0, 4.0]  # type: ignore[union-attr]
+        assert isinstance(last, Scored) and last.reward == 2.0
+        assert judge.stats()["requests_total"] == 2
+
+
+async def _append(into: list[Outcome], call: Any) -> None:
+    into.append(await call)
+
+
+async def test_supersession_at_another_engine_answers_the_old_waiters(
+    shared_redis_server: RedisServer,
+) -> None:
+    async with shared_engines(shared_redis_server.url) as (a, b):
+        async with trio.open_nursery() as nursery:
+            old: list[Outcome] = []
+            nursery.start_soon(lambda: _append(old, verify(a, member(0))))
+            await wait_until(lambda: a.statistics().waiters == 1)
+            new = await send_all([(b, member(0, 4, a=1)), (a, member(1, 2, a=1))])
+        assert old == [Rejected(503, SUPERSEDED)]
+        assert rewards(new) == {0: 4.0, 1: 2.0}
+        assert await verify(b, member(0)) == Rejected(409, SUPERSEDED)
+        await check_store_invariants(a.store, a.config)
+
+
+async def test_collection_deadline_fires_without_the_engine_that_started_the_group(
+    shared_redis_server: RedisServer,
+) -> None:
+    async with shared_engines(shared_redis_server.url, cohort_collection_timeout_s=0.3) as (a, b):
+        async with trio.open_nursery() as nursery:
+            early: list[Outcome] = []
+            nursery.start_soon(lambda: _append(early, verify(a, member(0))))
+            await wait_until(lambda: a.statistics().waiters == 1)
+            await a.shutdown()  # the engine that started the group is gone
+        assert early == [Rejected(503, "GenRM server is shutting down")]
+        await trio.sleep(0.5)
+        late = await verify(b, member(1))
+        assert isinstance(late, Rejected) and late.status == 503
+        assert "did not collect 2 unique rollout indices within 0.3s" in late.detail
+
+
+async def test_a_stalled_owner_loses_its_lease_and_its_late_result_is_refused(
+    shared_redis_server: RedisServer,
+) -> None:
+    judging = trio.Event()
+    resume_judging = trio.Event()
+
+    async def stalled_judge(*_: Any) -> None:
+        judging.set()
+        await resume_judging.wait()
+
+    async def never_renew(_: str) -> None:
+        await trio.sleep_forever()
+
+    judge = FakeJudge()
+    owner_hooks = Hooks(on_comparison_start=stalled_judge, on_lease_renewal=never_renew)
+    async with shared_engines(
+        shared_redis_server.url, judge=judge, hooks=[owner_hooks, None], lease_s=0.3
+    ) as (a, b):
+        async with trio.open_nursery() as nursery:
+            waiting: list[Outcome] = []
+            nursery.start_soon(lambda: _append(waiting, verify(b, member(0, 4))))
+            await wait_until(lambda: b.statistics().waiters == 1)
+            # The last member reaches engine a, which claims the evaluation and then stalls
+            # (neither judging nor renewing its lease); b takes over once the lease expires.
+            nursery.start_soon(lambda: _append(waiting, verify(a, member(1, 2))))
+            await judging.wait()
+            await wait_until(lambda: len(waiting) == 2)
+            resume_judging.set()  # a wakes up and finishes judging with a stale token
+            await wait_until(lambda: a.statistics().evaluating == 0)
+        assert sorted(o.reward for o in waiting) == [2.0, 4.0]  # type: ignore[union-attr]
+        # a's sweep may have claimed the group once more before b did; every evaluation a
+        # ran was refused by the fence, and only b's outcome was stored.
+        assert b.published == 1 and a.published == 0
+        assert a.refused == a.claims >= 1
+        assert judge.stats()["requests_total"] == 2 * (a.claims + b.claims)
+        replay = await verify(a, member(0, 4))
+        assert isinstance(replay, Scored) and replay.reward == 4.0
+
+
+async def test_lost_notifications_delay_but_never_strand_a_waiter(
+    shared_redis_server: RedisServer,
+) -> None:
+    async with shared_engines(shared_redis_server.url, notifications=False, poll_s=0.2) as (a, b):
+        results = await send_all([(a, member(0, 4)), (b, member(1, 2))])
+        assert rewards(results) == {0: 4.0, 1: 2.0}
+
+
+async def test_duplicated_notifications_answer_each_waiter_once(
+    shared_redis_server: RedisServer,
+) -> None:
+    async with shared_engines(shared_redis_server.url) as (a, b):
+        async with trio.open_nursery() as nursery:
+            waiting: list[Outcome] = []
+            nursery.start_soon(lambda: _append(waiting, verify(a, member(0, 4))))
+            await wait_until(lambda: a.statistics().waiters == 1)
+            # Notifications naming records nobody waits on, and none at all, change nothing.
+            await a.store.call("PUBLISH", a.store.channel, "no-such-record")
+            [rid] = list(a._waiting)
+            await a.store.call("PUBLISH", a.store.channel, rid)
+            await trio.sleep(0.1)
+            assert a.statistics().waiters == 1 and not waiting
+            await verify(b, member(1, 2))
+        for _ in range(2):
+            await a.store.call("PUBLISH", a.store.channel, rid)
+        await trio.sleep(0.1)
+        assert [o.reward for o in waiting] == [4.0]  # type: ignore[union-attr]
+
+
+async def test_partial_masking_across_engines(shared_redis_server: RedisServer) -> None:
+    judge = FakeJudge(rules=[pair_rule(1, 2, "budget_exhausted")])
+    async with shared_engines(
+        shared_redis_server.url, judge=judge, num_rollouts_per_prompt=4, genrm_parse_retries=0
+    ) as (a, b):
+        results = await send_all(
+            [(a, member(0, 4)), (b, member(1, 2)), (a, member(2, 1)), (b, member(3, 5))]
+        )
+        assert isinstance(results[1], Masked) and isinstance(results[2], Masked)
+        assert "rollout_index=1 lost a comparison to a judge failure" in results[1].text
+        assert set(rewards(results)) == {0, 3}
+        calls = judge.stats()["requests_total"]
+        # A masked member answers its masked row for a regenerated response too (M-8).
+        assert await verify(b, member(1, 9)) == results[1]
+        assert judge.stats()["requests_total"] == calls
+
+
+async def test_legacy_groups_across_engines_retire_on_completion(
+    shared_redis_server: RedisServer,
+) -> None:
+    judge = FakeJudge()
+    async with shared_engines(shared_redis_server.url, judge=judge) as (a, b):
+        first = await send_all([(a, member(0, 4, g=None)), (b, member(1, 2, g=None))])
+        assert rewards(first) == {0: 4.0, 1: 2.0}
+        again = await send_all([(b, member(0, 4, g=None)), (a, member(1, 2, g=None))])
+        assert rewards(again) == {0: 4.0, 1: 2.0}
+        assert judge.stats()["requests_total"] == 4  # a completed legacy group is judged anew
+        await check_store_invariants(a.store, a.config)
+
+
+async def test_count_cap_evicts_results_and_watermarks_in_order(
+    shared_redis_server: RedisServer,
+) -> None:
+    judge = FakeJudge()
+    async with shared_engines(shared_redis_server.url, judge=judge, max_terminal_cohorts=1) as (
+        a,
+        b,
+    ):
+        await send_all([(a, member(0, 4, g="g1")), (b, member(1, 2, g="g1"))])
+        await send_all([(a, member(0, 4, g="g2")), (b, member(1, 2, g="g2"))])
+        assert (await verify(b, member(0, 4, g="g2"))).reward == 4.0  # type: ignore[union-attr]
+        await check_store_invariants(a.store, a.config)
+        # g1's result and watermark are gone: a request starts a fresh group.
+        async with trio.open_nursery() as nursery:
+            fresh: list[Outcome] = []
+            nursery.start_soon(lambda: _append(fresh, verify(a, member(0, 4, g="g1"))))
+            await wait_until(lambda: a.statistics().waiters == 1)
+            await verify(b, member(1, 3, g="g1"))
+        # Judged anew, as a fresh group: two more judge calls (counted below).
+        assert isinstance(fresh[0], Scored) and fresh[0].reward == 4.0
+        assert judge.stats()["requests_total"] == 6
+
+
+async def test_result_ttl_and_a_refreshed_watermark(shared_redis_server: RedisServer) -> None:
+    async with shared_engines(shared_redis_server.url, cohort_result_ttl_s=1.0) as (a, b):
+        await send_all([(a, member(0, 4)), (b, member(1, 2))])
+        await trio.sleep(0.6)
+        assert (await verify(b, member(0, 4))).reward == 4.0  # type: ignore[union-attr]
+        await trio.sleep(0.6)
+        # The result expired; the replay refreshed the watermark, which still fences.
+        gone = await verify(a, member(0, 4))
+        assert gone == Rejected(
+            409,
+            "GenRM group 'g' attempt 0 already finished and its result is no longer retained; "
+            "retry with a higher _ng_group_attempt",
+        )
+        await check_store_invariants(a.store, a.config)
+
+
+async def test_store_down_answers_503_naming_it_and_recovers(redis_server: RedisServer) -> None:
+    judge = FakeJudge()
+    async with shared_engines(redis_server.url, judge=judge) as (a, b):
+        redis_server.kill()
+        down = await verify(a, member(0, 4))
+        assert isinstance(down, Rejected) and down.status == 503
+        assert down.detail.startswith(
+            f"GenRM group store redis://127.0.0.1:{redis_server.port}/0 is unavailable: "
+        )
+        assert a.store_status() == (a.store.name, False)
+        redis_server.start()
+        results = await send_all([(a, member(0, 4)), (b, member(1, 2))])
+        assert rewards(results) == {0: 4.0, 1: 2.0}
+        assert a.store_status() == (a.store.name, True)
+        assert judge.stats()["requests_total"] == 2
+
+
+async def test_a_waiter_is_answered_across_a_store_restart(redis_server: RedisServer) -> None:
+    async with shared_engines(redis_server.url, poll_s=0.1) as (a, b):
+        async with trio.open_nursery() as nursery:
+            waiting: list[Outcome] = []
+            nursery.start_soon(lambda: _append(waiting, verify(a, member(0, 4))))
+            await wait_until(lambda: a.statistics().waiters == 1)
+            redis_server.kill()
+            redis_server.start()  # AOF with appendfsync always: the member survived
+            await trio.sleep(0.3)
+            last = await verify(b, member(1, 2))
+        assert isinstance(last, Scored) and last.reward == 2.0
+        assert [o.reward for o in waiting] == [4.0]  # type: ignore[union-attr]
+
+
+async def test_every_process_lost_finished_work_replays_without_judging(
+    redis_server: RedisServer,
+) -> None:
+    judge = FakeJudge(rules=[pair_rule(0, 1, "budget_exhausted")])
+    config = dict(num_rollouts_per_prompt=3, genrm_parse_retries=0)
+    async with shared_engines(redis_server.url, judge=judge, **config) as (a, b):
+        done = await send_all([(a, member(0, 4)), (b, member(1, 2)), (a, member(2, 5))])
+        await send_all(
+            [
+                (a, member(0, 4, g="h", a=2)),
+                (b, member(1, 2, g="h", a=2)),
+                (b, member(2, 1, g="h", a=2)),
+            ]
+        )
+    redis_server.kill()
+    redis_server.start()
+    calls = judge.stats()["requests_total"]
+    async with shared_engines(redis_server.url, judge=judge, **config) as (c, d):
+        assert await verify(c, member(2, 5)) == done[2]
+        assert await verify(d, member(0, 7)) == done[0]  # a masked member: its masked row
+        assert (await verify(c, member(2, 3))).status == 409  # type: ignore[union-attr]
+        fenced = await verify(d, member(0, 4, g="h", a=1))
+        assert fenced == Rejected(409, "GenRM group 'h' attempt 1 was superseded by attempt 2")
+        assert judge.stats()["requests_total"] == calls
+        await check_store_invariants(c.store, c.config)
+
+
+@pytest.mark.parametrize("url", ["memory", "http://x", "redis://", "redis://h:p/0"])
+def test_store_addresses_are_checked(url: str) -> None:
+    from genrm_trio.store.resp import StoreAddress
+
+    with pytest.raises(ValueError):
+        StoreAddress.parse(url)
+
+
+def test_config_used_by_the_helpers_is_valid() -> None:
+    assert shared_config().num_rollouts_per_prompt == 2

@@ -1,0 +1,184 @@
+"""The store's side of a transition without a server: the record codec, and which writes one
+core transition turns into (the same EXEC holds the record, its sets and its notification)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from genrm_trio.config import Config
+from genrm_trio.core.groups import (
+    Arrival,
+    GroupInputs,
+    MemberTexts,
+    Phase,
+    Scored,
+    Wait,
+    Watermark,
+)
+from genrm_trio.core.identity import ResponseIdentity, same_response
+from genrm_trio.core.verdicts import Verdict
+from genrm_trio.store.records import (
+    StoreMeta,
+    decode_record,
+    decode_watermark,
+    encode_record,
+    encode_watermark,
+)
+from genrm_trio.store.redis_store import RedisGroupStore, Transaction
+from genrm_trio.store.resp import StoreAddress, encode_command
+
+CONFIG = Config(
+    judge_base_url="http://judge/v1",
+    judge_model="m",
+    num_rollouts_per_prompt=2,
+    cohort_collection_timeout_s=30.0,
+    cohort_evaluation_timeout_s=60.0,
+    cohort_result_ttl_s=10.0,
+)
+
+
+def store() -> RedisGroupStore:
+    return RedisGroupStore(CONFIG, StoreAddress.parse("redis://127.0.0.1:1/0"), "p:", 5.0)
+
+
+def arrival(slot: int, response: bytes, a: int = 0) -> Arrival:
+    def prepare(first: bool) -> tuple[MemberTexts, GroupInputs | None]:
+        inputs = GroupInputs([{"role": "user", "content": "q"}], "be fair", None, None)
+        return MemberTexts(f"why-{slot}", f"answer-{slot}"), inputs if first else None
+
+    return Arrival("g", a, slot, None, None, "digest", ResponseIdentity(response), prepare)
+
+
+def run(
+    s: RedisGroupStore,
+    record: bytes | None,
+    mark: bytes | None,
+    now: float,
+    step: Any,
+) -> tuple[Transaction[Any], list[list[Any]]]:
+    return s._run_step("e:g", "g", None, record, mark, now, step)
+
+
+def written(writes: list[list[Any]], command: str, key: str) -> list[Any] | None:
+    for write in writes:
+        if write[0] == command and write[1] == key:
+            return write
+    return None
+
+
+def test_a_new_group_round_trips_through_the_codec() -> None:
+    s = store()
+    _, writes = run(
+        s,
+        None,
+        None,
+        1000.0,
+        lambda tx: tx.registry.arrive(arrival(0, b'{"a":1}'), tx.now, lambda: None),
+    )
+    first = written(writes, "SET", "p:r:e:g")
+    assert first is not None
+    record = decode_record(first[2])
+    assert record.phase is Phase.COLLECTING and record.started_at == 1000.0
+    member = record.members[0]
+    assert member.texts == MemberTexts("why-0", "answer-0")
+    assert record.inputs == GroupInputs([{"role": "user", "content": "q"}], "be fair", None, None)
+    assert isinstance(record.handle, StoreMeta)
+    assert record.handle.collection_due == 1030.0 and record.handle.lease_until is None
+    # The member is known again by the same bytes and by a different spelling of the same JSON.
+    assert same_response(member.fingerprint, ResponseIdentity(b'{"a":1}'))
+    assert same_response(member.fingerprint, ResponseIdentity(b'{ "a" : 1 }'))
+    assert not same_response(member.fingerprint, ResponseIdentity(b'{"a":1.0}'))
+    assert encode_record(record) == first[2]
+    mark = written(writes, "SET", "p:w:g")
+    assert mark is not None and decode_watermark(mark[2]) == (Watermark(0, "digest"), None)
+    assert encode_watermark(Watermark(0, "digest"), None) == mark[2]
+    assert ["ZADD", "p:collection-due", 1030.0, "e:g"] in writes
+
+
+def test_filling_the_group_claims_its_evaluation_in_the_same_transaction() -> None:
+    s = store()
+    _, writes = run(
+        s,
+        None,
+        None,
+        1000.0,
+        lambda tx: tx.registry.arrive(arrival(0, b'{"a":1}'), tx.now, lambda: None),
+    )
+    stored = written(writes, "SET", "p:r:e:g")
+    mark = written(writes, "SET", "p:w:g")
+    assert stored is not None and mark is not None
+    tx, writes = run(
+        s,
+        stored[2],
+        mark[2],
+        1001.0,
+        lambda tx: tx.registry.arrive(arrival(1, b'{"a":2}'), tx.now, lambda: None),
+    )
+    assert isinstance(tx.result.reply, Wait)
+    assert tx.claimed is not None
+    meta = tx.claimed.handle
+    assert isinstance(meta, StoreMeta)
+    assert (meta.fence, meta.lease_until, meta.evaluation_due) == (1, 1006.0, 1061.0)
+    assert ["ZADD", "p:leases", 1006.0, "e:g"] in writes
+    assert ["ZREM", "p:collection-due", "e:g"] in writes
+    # A duplicate of a member changes nothing in the store (its waiter stays local).
+    again = written(writes, "SET", "p:r:e:g")
+    assert again is not None
+    tx, nothing = run(
+        s,
+        again[2],
+        mark[2],
+        1002.0,
+        lambda tx: tx.registry.arrive(arrival(0, b'{"a":1}'), tx.now, lambda: None),
+    )
+    assert isinstance(tx.result.reply, Wait) and nothing == []
+
+
+def test_publication_writes_the_outcome_key_and_the_notification() -> None:
+    s = store()
+    _, writes = run(
+        s,
+        None,
+        None,
+        1000.0,
+        lambda tx: tx.registry.arrive(arrival(0, b'{"a":1}'), tx.now, lambda: None),
+    )
+    mark = written(writes, "SET", "p:w:g")
+    stored = written(writes, "SET", "p:r:e:g")
+    assert stored is not None and mark is not None
+    tx, writes = run(
+        s,
+        stored[2],
+        mark[2],
+        1001.0,
+        lambda tx: tx.registry.arrive(arrival(1, b'{"a":2}'), tx.now, lambda: None),
+    )
+    stored = written(writes, "SET", "p:r:e:g")
+    assert stored is not None and written(writes, "SET", "p:w:g") is None  # unchanged
+
+    def finish(tx: Transaction[Any]) -> None:
+        assert tx.loaded is not None
+        verdicts = {0: Verdict(8.0, 2.0, None), 1: Verdict(8.0, 2.0, None)}
+        tx.registry.finish_evaluation(tx.loaded, verdicts, tx.now)
+
+    tx, writes = run(s, stored[2], mark[2], 1003.0, finish)
+    assert tx.finished is not None
+    rid = tx.finished.handle.rid  # type: ignore[union-attr]
+    record_write = written(writes, "SET", "p:r:e:g")
+    assert record_write is not None and record_write[3:] == ["PXAT", 1013000]
+    done = decode_record(record_write[2])
+    assert done.phase is Phase.COMPLETED
+    assert all(m.texts is None for m in done.members.values()) and done.inputs is None
+    assert all(isinstance(m.outcome, Scored) for m in done.members.values())
+    assert written(writes, "SET", f"p:o:{rid}") is not None
+    assert ["PUBLISH", "p:outcomes", rid] in writes
+    assert ["ZADD", "p:terminal", 1003.0, "e:g"] in writes
+    assert ["ZADD", "p:idle", 1003.0, "g"] in writes
+    # The finished record no longer needs the original bytes: a replay compares digests.
+    assert done.members[0].fingerprint.settled  # type: ignore[union-attr]
+
+
+def test_commands_are_framed_as_resp_arrays() -> None:
+    assert encode_command(["SET", "k", b"v\r\n", 5, 1.5]) == (
+        b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\nv\r\n\r\n$1\r\n5\r\n$3\r\n1.5\r\n"
+    )
