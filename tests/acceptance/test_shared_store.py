@@ -439,6 +439,51 @@ async def test_a_process_killed_during_evaluation_is_taken_over_after_its_lease(
     deployment.stop_all()
 
 
+async def test_an_owner_stalled_past_its_lease_cannot_publish_its_late_result(
+    deployment: Deployment,
+) -> None:
+    lease = "group_store_lease_s=2"
+    a, b = deployment.start(None, lease), deployment.start(None, lease)
+    # The first evaluation's calls answer after 6 s with verdicts that would give every rollout
+    # of the group another reward than its quality; later calls answer as usual.
+    deployment.set_judge_rules(
+        [
+            {
+                "match": {"response_1": "stalled:"},
+                "times": 16,
+                "delay_s": 6,
+                "action": "verdict",
+                "score_1": 5,
+                "score_2": 1,
+                "ranking": 1,
+            }
+        ]
+    )
+    async with trio.open_nursery() as nursery:
+        at_a: list[tuple[int, dict[str, Any]]] = []
+
+        async def wait_at_a() -> None:
+            at_a.extend(await post_all(group_posts(a, "stalled")))
+
+        nursery.start_soon(wait_at_a)
+        await eventually(lambda: deployment.judge_stats()["requests_total"] == GROUP_SIZE)
+        # The owner stops (as under a long GC pause or SIGSTOP) while its calls are out; its
+        # lease expires and the other process takes the group over and publishes.
+        deployment.processes[a].send_signal(signal.SIGSTOP)
+        try:
+            for slot, (status, row) in enumerate(await post_all(group_posts(b, "stalled"))):
+                assert_scored("stalled", slot, status, row)
+        finally:
+            deployment.processes[a].send_signal(signal.SIGCONT)
+    # The owner wakes, gets its late verdicts and is refused by the fence: its own waiting
+    # requests get the published outcome, not its result.
+    for slot, (status, row) in enumerate(at_a):
+        assert_scored("stalled", slot, status, row)
+    assert_scored("stalled", 5, *await post(a, body("stalled", 5)))
+    assert deployment.judge_stats()["requests_total"] == 2 * GROUP_SIZE
+    deployment.stop_all()
+
+
 async def eventually(condition: Callable[[], bool]) -> None:
     """Until `condition()` (run in a worker thread) holds; fails the test after SAFETY_S."""
     with trio.fail_after(SAFETY_S):
