@@ -114,7 +114,7 @@ def _serve_command(args: argparse.Namespace) -> int:
 
 def run_serve(config: Config, notes: Sequence[str] = ()) -> int:
     """Log the startup lines (``notes`` first) and serve until a signal; the exit status."""
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, config.log_format)
     for note in notes:
         log.info(note)
     for line in startup_lines(config):

@@ -14,6 +14,8 @@ import pytest
 
 from genrm_trio.config import config_from_mapping
 from genrm_trio.logs import LogLineFormatter, configure_logging, startup_lines
+from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
+from genrm_trio.testing.harness import running_server
 
 LINE = re.compile(
     r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) genrm_trio (.*)$"
@@ -154,3 +156,39 @@ def test_startup_effective_configuration_has_no_key(monkeypatch: pytest.MonkeyPa
     assert effective["num_rollouts_per_prompt"] == 16
     assert effective["cohort_result_ttl_s"] == 3600.0
     assert "\n" not in lines[1]
+
+
+async def test_json_lines_carry_group_key_attempt_slot_and_pair_as_fields(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging("INFO", "json")
+    judge = FakeJudge(rules=[pair_rule(0, 1, "http_status", status=500)])
+    settings = {"num_rollouts_per_prompt": 3, "genrm_parse_retries": 1}
+    async with running_server(settings, judge=judge) as server:
+        replies = await server.complete("g", 0)
+    assert [reply.masked for reply in replies] == [True, True, False]
+    records = [json.loads(line) for line in stderr_lines(capsys)]
+    assert all(set(r) >= {"time", "level", "logger", "message"} for r in records)
+    assert all(LINE.match(f"{r['time']} {r['level']} genrm_trio x") for r in records)
+    key = "group_id::g::group_attempt::0"
+    retry = next(r for r in records if r["message"].startswith("GenRM judge retry"))
+    assert retry["level"] == "INFO"
+    assert {k: retry[k] for k in ("group_key", "pair", "judge_pass", "attempt", "replica")} == {
+        "group_key": key,
+        "pair": [0, 1],
+        "judge_pass": 0,
+        "attempt": 1,
+        "replica": "http://fake-judge/v1",
+    }
+    dropped = [r for r in records if r["message"].startswith("GenRM dropped comparison")]
+    assert [(r["pair"], r["group_key"], r["group_attempt"]) for r in dropped] == [([0, 1], key, 0)]
+    masked = [r for r in records if r["message"].startswith("GenRM masked one rollout")]
+    assert sorted(r["slot"] for r in masked) == [0, 1]
+    disposition = next(r for r in records if "disposition=completed" in r["message"])
+    assert (disposition["group_key"], disposition["group_attempt"]) == (key, 0)
+    assert disposition["level"] == "WARNING"
+
+
+def test_unknown_log_format_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown log format 'xml'"):
+        configure_logging("INFO", "xml")

@@ -14,7 +14,15 @@ from typing import Any, ClassVar, Literal, get_args
 
 import msgspec
 
-from genrm_trio.config.schema import SAMPLING_KEY, Config, JudgeApi, LogLevel, Strategy
+from genrm_trio.config.schema import (
+    SAMPLING_KEY,
+    Config,
+    JudgeApi,
+    JudgeBalance,
+    LogFormat,
+    LogLevel,
+    Strategy,
+)
 
 # Keys of the sampling mapping the server fills in itself (CF-12), in the order they are reported.
 SERVER_OWNED_SAMPLING_KEYS = ("model", "messages", "stream")
@@ -261,6 +269,23 @@ def _judge_base_url(value: Any) -> str:
     return value.rstrip("/")
 
 
+def _judge_base_urls(value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or not value:
+        raise InvalidValue("must be a non-empty list of http or https URLs, or null", value)
+    urls: list[str] = []
+    for item in value:
+        try:
+            url = _judge_base_url(item)
+        except InvalidValue as exc:
+            raise InvalidValue(f"every entry {exc.problem}", exc.got) from None
+        if url in urls:
+            raise InvalidValue("lists a replica twice", url_without_userinfo(url))
+        urls.append(url)
+    return tuple(urls)
+
+
 _max_output_tokens = _integer(1)
 
 
@@ -297,6 +322,11 @@ _CHECKS: dict[str, _Check] = {
     "judge_api": _choice(JudgeApi),
     "judge_api_key": _api_key,
     "judge_max_concurrency": _integer(1),
+    "judge_base_urls": _judge_base_urls,
+    "judge_balance": _choice(JudgeBalance),
+    "judge_replica_max_concurrency": _nullable_integer(1),
+    "judge_replica_eject_after": _integer(1),
+    "judge_replica_cooldown_s": _number(above=0),
     "judge_request_timeout_s": _number(above=0),
     "judge_retry_max_sleep_s": _number(at_least=0),
     "genrm_parse_retries": _integer(0),
@@ -327,6 +357,7 @@ _CHECKS: dict[str, _Check] = {
     "max_compare_responses": _integer(1),
     "shutdown_grace_s": _number(above=0),
     "log_level": _choice(LogLevel),
+    "log_format": _choice(LogFormat),
     "debug_logging": _boolean,
     "early_judging": _boolean,
     "group_store": _group_store,
@@ -343,14 +374,19 @@ def _validate(values: Mapping[Any, Any]) -> Config:
     """Check every key of `values` (over the defaults) and report all problems at once."""
     lines = [f"unknown configuration key '{key}'" for key in values if key not in _CHECKS]
     accepted: dict[str, Any] = {}
+    replicas = values.get("judge_base_urls") is not None
     for key, check in _CHECKS.items():
+        # With judge_base_urls, judge_base_url may be left out: the first replica stands for it.
+        required = key in REQUIRED_KEYS and not (key == "judge_base_url" and replicas)
         if key not in values:
-            if key in REQUIRED_KEYS:
+            if required:
                 lines.append(f"invalid configuration: {key}: required")
             continue
         value = values[key]
-        if value is None and key in REQUIRED_KEYS:
+        if value is None and required:
             lines.append(f"invalid configuration: {key}: required")
+        elif value is None and key in REQUIRED_KEYS:
+            continue
         elif key == SAMPLING_KEY:
             sampling, problems = _check_sampling(value)
             lines.extend(problems)
@@ -360,6 +396,17 @@ def _validate(values: Mapping[Any, Any]) -> Config:
                 accepted[key] = check(value)
             except InvalidValue as exc:
                 lines.append(_invalid_line(key, exc.problem, exc.got))
+    urls = accepted.get("judge_base_urls")
+    if urls and not lines:
+        base = accepted.setdefault("judge_base_url", urls[0])
+        if base not in urls:
+            lines.append(
+                _invalid_line(
+                    "judge_base_url",
+                    "must be one of judge_base_urls when both are set",
+                    url_without_userinfo(base),
+                )
+            )
     if lines:
         raise ConfigError(lines)
     return Config(**accepted)

@@ -205,6 +205,8 @@ def public_view(config: Config) -> dict[str, Any]:
     """
     view = msgspec.structs.asdict(config)
     view["judge_base_url"] = url_without_userinfo(config.judge_base_url)
+    if config.judge_base_urls is not None:
+        view["judge_base_urls"] = [url_without_userinfo(url) for url in config.judge_base_urls]
     view["judge_api_key"] = "<set>" if resolve_api_key(config) is not None else None
     view[SAMPLING_KEY] = copy.deepcopy(config.genrm_responses_create_params)
     view["group_store"] = url_without_userinfo(config.group_store)

@@ -28,6 +28,8 @@ def default_sampling() -> dict[str, Any]:
 JudgeApi = Literal["chat_completions", "responses"]
 Strategy = Literal["circular", "all_pairs", "fixed_baseline"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+LogFormat = Literal["text", "json"]
+JudgeBalance = Literal["affinity", "least_outstanding"]
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,6 +43,12 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     judge_api: JudgeApi = "chat_completions"
     judge_api_key: str | None = None
     judge_max_concurrency: int = 256
+    # Several judge replicas; None: judge_base_url alone. judge_base_url is then the first.
+    judge_base_urls: tuple[str, ...] | None = None
+    judge_balance: JudgeBalance = "affinity"
+    judge_replica_max_concurrency: int | None = None
+    judge_replica_eject_after: int = 3
+    judge_replica_cooldown_s: float = 10.0
     judge_request_timeout_s: float = 1800.0
     judge_retry_max_sleep_s: float = 8.0
     genrm_parse_retries: int = 3
@@ -73,6 +81,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     max_compare_responses: int = 1024
     shutdown_grace_s: float = 5.0
     log_level: LogLevel = "INFO"
+    log_format: LogFormat = "text"
     debug_logging: bool = False
     early_judging: bool = False
     # Where groups live: this process's memory, or a Redis/Valkey URL shared by several

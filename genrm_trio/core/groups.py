@@ -247,6 +247,11 @@ class InvariantViolation(AssertionError):
     pass
 
 
+def _fields(record: Record) -> dict[str, Any]:
+    """The fields a structured log record about this group carries (X-6)."""
+    return {"group_key": messages.log_key(record.key), "group_attempt": record.attempt}
+
+
 def group_key(
     group_id: str | None, attempt: int, task_index: int | None, prompt_id: str | None, digest: str
 ) -> str:
@@ -263,10 +268,11 @@ def group_key(
 class GroupRegistry:
     """Every record, watermark and retention index of one server instance."""
 
-    def __init__(self, config: Config, log: Callable[[int, str], None] | None = None) -> None:
+    def __init__(self, config: Config, log: Callable[..., None] | None = None) -> None:
+        """``log(level, text, extra=fields)`` receives every log record (``Logger.log`` fits)."""
         self.config = config
         self.size = config.num_rollouts_per_prompt
-        self._log = log or (lambda level, text: None)
+        self._log = log or (lambda level, text, **_: None)
         self.closed = False
         self.explicit: dict[str, Record] = {}
         self.legacy: dict[str, Record] = {}
@@ -275,6 +281,9 @@ class GroupRegistry:
         self.idle_order: AgedIndex[str, None] = AgedIndex()
         self.active: dict[int, Record] = {}
         self.prune_visits = 0
+        # Terminal groups by (disposition, kind), and rollouts answered masked by them (§9.3).
+        self.finished: dict[tuple[str, str], int] = {}
+        self.rollouts_masked = 0
         # Legacy keys whose group completed, with when. A completed legacy record leaves nothing
         # behind (C-91); remembering its key lets the row that opens a group under it again be
         # flagged at once, since that group completes only if every member comes again.
@@ -514,6 +523,11 @@ class GroupRegistry:
                 30,
                 f"GenRM dropped comparison ({comparison.first}, {comparison.second}) (judge "
                 f"{comparison.judge_pass}) of {len(record.plan)} after a judge failure: {text}",
+                extra={
+                    **_fields(record),
+                    "pair": [comparison.first, comparison.second],
+                    "judge_pass": comparison.judge_pass,
+                },
             )
 
     def evaluation_deadline(self, record: Record, finished: int, now: float) -> None:
@@ -605,7 +619,7 @@ class GroupRegistry:
         record.phase = Phase.COMPLETED
         total = len(record.plan)
         scored = masked = 0
-        for member in record.members.values():
+        for slot, member in record.members.items():
             assert member.outcome is not None
             if isinstance(member.outcome, Masked):
                 masked += 1
@@ -613,6 +627,7 @@ class GroupRegistry:
                     30,
                     f"GenRM masked one rollout of key='{messages.log_key(record.key)}': "
                     f"{member.outcome.text}",
+                    extra={**_fields(record), "slot": slot},
                 )
             else:
                 scored += 1
@@ -621,12 +636,14 @@ class GroupRegistry:
             member.waiters = []
             member.texts = None
         failed_comparisons = len(record.failed_comparisons)
+        self._count_finished("partially_masked" if masked else "completed", "none", masked)
         self._drop_working_state(record)
         self._log(
             30 if masked else 20,
             f"GenRM cohort disposition=completed key='{messages.log_key(record.key)}' "
             f"attempt={record.attempt} members={len(record.members)} scored={scored} "
             f"masked={masked} failed_comparisons={failed_comparisons}/{total}",
+            extra=_fields(record),
         )
         self._become_terminal(record, now)
 
@@ -644,6 +661,8 @@ class GroupRegistry:
                 waiter.resolve(outcome)
             member.waiters = []
             member.texts = None
+        masked = len(record.members) if kind is FailureKind.JUDGE else 0
+        self._count_finished("failed", kind.value, masked)
         self._drop_working_state(record)
         effects.append(CancelGroup(record))
         self._log(
@@ -651,8 +670,14 @@ class GroupRegistry:
             f"GenRM cohort disposition=failed key='{messages.log_key(record.key)}' "
             f"attempt={record.attempt} members={len(record.members)} kind={kind.value} "
             f'reason="{text[:500]}"',
+            extra=_fields(record),
         )
         self._become_terminal(record, now)
+
+    def _count_finished(self, disposition: str, kind: str, masked: int) -> None:
+        key = (disposition, kind)
+        self.finished[key] = self.finished.get(key, 0) + 1
+        self.rollouts_masked += masked
 
     def _settle_legacy_resend(self, record: Record) -> None:
         """A resent legacy group stops counting once it leaves ``collecting``."""

@@ -16,6 +16,7 @@ identity is, so callers that already have one compare the same way.
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Protocol
 
 from genrm_trio.core.canonical import fingerprint_json
@@ -28,6 +29,9 @@ class IdentityWork(Protocol):
 
     response_digests: int
     canonical_fingerprints: int
+
+    def fingerprint_took(self, seconds: float) -> None:
+        """One canonical fingerprint was computed in ``seconds`` (§9.3)."""
 
 
 class ResponseIdentity:
@@ -82,9 +86,11 @@ class ResponseIdentity:
         if self._canonical is None:
             if self._raw is None:
                 raise RuntimeError("the response's bytes were released before its fingerprint")
+            started = time.perf_counter()
             self._canonical = fingerprint_json(self._raw)
             if self._work is not None:
                 self._work.canonical_fingerprints += 1
+                self._work.fingerprint_took(time.perf_counter() - started)
         return self._canonical
 
     def settle(self) -> None:

@@ -17,10 +17,13 @@ V = TypeVar("V")
 class AgedIndex(Generic[K, V]):
     """Entries ordered by the time they were (re)stamped; the head is the oldest."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_entries", "evicted", "expired")
 
     def __init__(self) -> None:
         self._entries: OrderedDict[K, tuple[float, V]] = OrderedDict()
+        # Entries pruned since creation: past the TTL, and over the count cap.
+        self.expired = 0
+        self.evicted = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -63,5 +66,9 @@ class AgedIndex(Generic[K, V]):
             if not expired and len(entries) <= cap:
                 break
             del entries[key]
+            if expired:
+                self.expired += 1
+            else:
+                self.evicted += 1
             on_remove(key, value)
         return visits

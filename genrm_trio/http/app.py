@@ -33,6 +33,7 @@ from genrm_trio.http.bodies import BadRequest, EchoValue, FileSpan, VerifyReques
 from genrm_trio.http.gym_endpoints import register_gym_routes
 from genrm_trio.http.openapi import openapi_json
 from genrm_trio.http.parsing import body_too_large, parse_compare_body, parse_verify_body
+from genrm_trio.http.prometheus import CONTENT_TYPE, metrics_registry, render_metrics
 from genrm_trio.http.rendering import (
     bound_failure_text,
     error_body,
@@ -199,6 +200,8 @@ def create_app(
     app.spool = spool
     app.spool_budget = budget
     openapi_bytes = openapi_json(__version__)
+    metrics = engine.metrics
+    prometheus = metrics_registry(engine, spool, budget)
     for warning in config_warnings(config):
         log.warning(warning)
 
@@ -230,10 +233,12 @@ def create_app(
     ) -> None:
         """`POST /verify`, straight from ASGI."""
         if engine.closed:
+            metrics.verify("unavailable")
             await _send_reply(send, 503, error_body(messages.SHUTTING_DOWN))
             return
         declared = _declared_length(scope)
         if declared is not None and declared > config.max_body_bytes:
+            metrics.verify("invalid")
             await _send_reply(send, 413, too_large)
             return
         chunks: list[bytes] = []
@@ -247,20 +252,24 @@ def create_app(
                 chunk = cast(bytes, message.get("body", b""))
                 size += len(chunk)
                 if size > config.max_body_bytes:
+                    metrics.verify("invalid")
                     await _send_reply(send, 413, too_large)
                     return
                 chunks.append(chunk)
                 if not message.get("more_body", False):
                     break
         if reading.cancelled_caught:
+            metrics.verify("invalid")
             await _send_reply(send, 408, _http_error_body(RequestTimeout()))
             return
         try:
             parsed = parse_verify_body(chunks[0] if len(chunks) == 1 else b"".join(chunks), config)
         except BadRequest as exc:
+            metrics.verify("invalid")
             await _send_reply(send, exc.status, error_body(exc.detail))
             return
         except Exception:
+            metrics.verify("error")
             log.exception("Exception on request POST /verify")
             await _send_reply(send, 500, _http_error_body(InternalServerError()))
             return
@@ -277,6 +286,7 @@ def create_app(
                         _spool_and_fingerprint, spool, parsed
                     )
                 except SpoolError as exc:
+                    metrics.verify("unavailable")
                     await _send_reply(send, 503, error_body(spool_failed(exc.cause, budget)))
                     return
                 parsed.known_fingerprints = known
@@ -316,6 +326,7 @@ def create_app(
                     reply = _render_parts(parsed, outcome)
                     nursery.cancel_scope.cancel()
             except Exception:
+                metrics.verify("error")
                 log.exception("Exception on request POST /verify")
                 reply = (500, [_http_error_body(InternalServerError())])
             if reply is None:
@@ -339,10 +350,12 @@ def create_app(
     @app.post("/compare")
     async def compare() -> Response:
         if engine.closed:
+            metrics.compare("unavailable")
             return _reply(503, error_body(messages.SHUTTING_DOWN))
         try:
             parsed = parse_compare_body(await read_body(), config)
         except BadRequest as exc:
+            metrics.compare("invalid")
             return _reply(exc.status, error_body(exc.detail))
         try:
             result = await run_compare(
@@ -354,12 +367,15 @@ def create_app(
                 parsed.baseline,
             )
         except CompareUnavailable as exc:
+            metrics.compare("unavailable")
             return _reply(503, error_body(exc.detail))
         except Exception as exc:
+            metrics.compare("error")
             log.error("GenRM compare failed", exc_info=exc)
             detail = f"GenRM compare failed: {messages.exception_text(exc)}"
             return _reply(500, error_body(detail))
         payload = render_compare_reply(result.rewards, result.comparison_results, result.metrics)
+        metrics.compare("scored")
         return _reply(200, payload)
 
     register_gym_routes(app, read_body)
@@ -372,6 +388,10 @@ def create_app(
             )
         await engine.refresh_health()
         return _reply(200, render_healthz("ok", engine.health(), engine.store_status()))
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(render_metrics(prometheus), status=200, content_type=CONTENT_TYPE)
 
     @app.get("/openapi.json")
     async def openapi() -> Response:

@@ -170,6 +170,18 @@ def _build(version: str) -> dict[str, Any]:
             },
         }
     }
+    metrics = {
+        "get": {
+            "operationId": "metrics",
+            "summary": "Server metrics in the Prometheus text format; no series has a group id",
+            "responses": {
+                "200": {
+                    "description": "The exposition, version 0.0.4.",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                }
+            },
+        }
+    }
     openapi = {
         "get": {
             "operationId": "openapi",
@@ -193,6 +205,7 @@ def _build(version: str) -> dict[str, Any]:
             "/seed_session": seed_session,
             "/aggregate_metrics": aggregate,
             "/healthz": health,
+            "/metrics": metrics,
             "/openapi.json": openapi,
         },
         "components": {"schemas": components},

@@ -121,6 +121,24 @@ def reply_outcome(
     return reading_outcome(reading)
 
 
+def status_label(status: int) -> str:
+    """The metrics label of an attempt answered with a non-2xx status (§9.3)."""
+    if status in (408, 429):
+        return f"http_{status}"
+    if 500 <= status <= 599:
+        return "http_5xx"
+    return "http_4xx"  # every other non-2xx status is fatal alike
+
+
+def reply_label(outcome: AttemptOutcome) -> str:
+    """The metrics label of an attempt answered with a complete 2xx body (§9.3)."""
+    if isinstance(outcome, Success):
+        return "ok"
+    if isinstance(outcome, ParseFailure):
+        return "budget_exhausted" if outcome.exhausted else "unusable"
+    return "non_json"
+
+
 def short_cause(outcome: TransientFailure | ParseFailure) -> str:
     """What the O-2 retry line names as the reason for retrying."""
     if isinstance(outcome, TransientFailure):

@@ -1,8 +1,11 @@
 """The judge client: one comparison in, a verdict or a judge failure out.
 
-It runs the attempt loop that attempts.py decides, under one FIFO concurrency limit per server,
-and reaches the judge only through the transport seam (judge/transport.py): HTTP/1.1 over the
-network by default (judge/http11.py), or any transport a test or an embedding hands in.
+It runs the attempt loop that attempts.py decides, under one priority concurrency limit per
+server, and reaches the judge only through the transport seam (judge/transport.py): HTTP/1.1
+over the network by default (judge/http11.py), or any transport a test or an embedding hands in.
+With several judge replicas (X-3) each attempt goes where the balancer (judge/balancer.py) says,
+one transport per replica; every attempt is counted in the server's metrics by replica and
+outcome.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from dataclasses import dataclass
 
 import trio
 
-from genrm_trio.config import Config
+from genrm_trio.config import Config, url_without_userinfo
+from genrm_trio.core.messages import log_key
+from genrm_trio.core.server_metrics import ServerMetrics
 from genrm_trio.core.verdicts import Verdict
 from genrm_trio.judge.attempts import (
     ERROR_BODY_BYTES,
@@ -35,20 +40,24 @@ from genrm_trio.judge.attempts import (
     judge_error_text,
     max_output_tokens_text,
     parse_retry_after,
+    reply_label,
     reply_outcome,
     retry_log_text,
     retry_sleep,
     short_cause,
+    status_label,
     status_outcome,
     timeout_outcome,
     transport_outcome,
 )
+from genrm_trio.judge.balancer import Balancer, Pick
 from genrm_trio.judge.http11 import Http11Transport
 from genrm_trio.judge.requests import (
     build_body,
     encode_body,
     judge_headers,
     judge_url,
+    replica_base_urls,
     resolve_api_key,
 )
 from genrm_trio.judge.slots import JudgeSlots, Lane
@@ -68,6 +77,8 @@ MAX_REPLY_BYTES = 16 * 1024 * 1024
 # Error bodies are read this far so that the connection can be reused; longer ones are cut off.
 MAX_ERROR_BODY_BYTES = 64 * 1024
 _REDACTED = "<redacted>"
+# Attempt outcomes that count against a replica's health: it is unreachable, broken or stuck.
+_REPLICA_FAILURES = frozenset({"transport", "http_5xx", "timeout"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +91,8 @@ class JudgeTask:
     text_2: str  # response_2 as sent
     pair: tuple[int, int]  # presentation-order slots, for texts and logs
     judge_pass: int
+    # The group's key: its comparisons prefer one judge replica (X-3) and it names them in logs.
+    group_key: str | None = None
     # Where its attempts wait for a slot (``JudgeClient.slots``); None: a complete lane of its
     # own, ranked by when the comparison started.
     lane: Lane | None = None
@@ -114,29 +127,44 @@ class JudgeClient:
         *,
         transport: TransportFactory | None = None,
         rng: random.Random | None = None,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self._config = config
-        self._url = judge_url(config.judge_base_url, config.judge_api)
+        bases = replica_base_urls(config)
+        self._urls = [judge_url(base, config.judge_api) for base in bases]
+        # Replicas are named by their base URL without user-info, in metrics and logs.
+        self.replica_names = [url_without_userinfo(base).rstrip("/") for base in bases]
         self._api_key = resolve_api_key(config, os.environ)
         self._rng = rng if rng is not None else random.Random()
         self.slots = JudgeSlots(config.judge_max_concurrency)
+        self.balancer = Balancer(
+            self.replica_names,
+            policy=config.judge_balance,
+            per_replica_cap=config.judge_replica_max_concurrency,
+            eject_after=config.judge_replica_eject_after,
+            cooldown_s=config.judge_replica_cooldown_s,
+        )
+        self._replica_freed = trio.Event()
+        self.metrics = metrics if metrics is not None else ServerMetrics()
         self._max_attempts = config.attempts_per_comparison
         self._max_output_tokens = max_output_tokens_text(config.genrm_responses_create_params)
         self._default = Verdict(config.default_score, config.default_score, config.default_ranking)
         self._attempts_total = 0
-        # J-34: one transport per server, built for this endpoint; over the network unless a
+        # J-34: one transport per replica, built for its endpoint; over the network unless a
         # test or an embedding hands in another (an in-memory fake judge, say).
-        endpoint = JudgeEndpoint(
-            url=self._url,
-            headers=judge_headers(self._api_key),
-            timeout_s=config.judge_request_timeout_s,
-        )
-        self._transport = (transport or Http11Transport)(endpoint)
+        headers = judge_headers(self._api_key)
+        factory = transport or Http11Transport
+        self._transports = [
+            factory(
+                JudgeEndpoint(url=url, headers=headers, timeout_s=config.judge_request_timeout_s)
+            )
+            for url in self._urls
+        ]
 
     @property
     def url(self) -> str:
-        """The judge request URL, without user-info."""
-        return self._url
+        """The (first replica's) judge request URL, without user-info."""
+        return self._urls[0]
 
     @property
     def in_flight(self) -> int:
@@ -145,8 +173,8 @@ class JudgeClient:
 
     @property
     def transport(self) -> JudgeTransport:
-        """The transport every attempt goes through."""
-        return self._transport
+        """The (first replica's) transport."""
+        return self._transports[0]
 
     @property
     def attempts_total(self) -> int:
@@ -154,7 +182,8 @@ class JudgeClient:
         return self._attempts_total
 
     async def aclose(self) -> None:
-        await self._transport.aclose()
+        for transport in self._transports:
+            await transport.aclose()
 
     async def judge(
         self, task: JudgeTask, *, deadline: float | Callable[[], float] = math.inf
@@ -180,8 +209,12 @@ class JudgeClient:
             )
         )
         outcomes: list[AttemptOutcome] = []
+        replica: int | None = None
         while True:
-            outcome = await self._attempt(body, lane)
+            # A retry prefers another replica. Only an attempt that leaves its comparison
+            # another one may probe a replica back from ejection, unless no attempt ever does.
+            may_probe = len(outcomes) + 1 < self._max_attempts or self._max_attempts == 1
+            outcome, label, replica = await self._attempt(body, lane, task, replica, may_probe)
             outcomes.append(outcome)
             attempt = len(outcomes)
             if isinstance(outcome, ParseFailure) and outcome.exhausted:
@@ -192,7 +225,8 @@ class JudgeClient:
                         attempt=attempt,
                         max_attempts=self._max_attempts,
                         max_output_tokens=self._max_output_tokens,
-                    )
+                    ),
+                    extra=self._log_fields(task, attempt, replica),
                 )
             conclusion = conclude(
                 outcomes,
@@ -201,7 +235,7 @@ class JudgeClient:
                 max_output_tokens=self._max_output_tokens,
             )
             if conclusion is not None:
-                return self._finish(task, conclusion, attempt)
+                return self._finish(task, conclusion, attempt, replica)
             assert isinstance(outcome, TransientFailure | ParseFailure)
             drawn = draw_backoff(
                 self._rng,
@@ -215,7 +249,8 @@ class JudgeClient:
                 conclusion = conclude_without_time(
                     outcomes, default=self._default, max_output_tokens=self._max_output_tokens
                 )
-                return self._finish(task, conclusion, attempt)
+                return self._finish(task, conclusion, attempt, replica)
+            self.metrics.judge_retry(self.replica_names[replica], label)
             logger.info(
                 retry_log_text(
                     pair=task.pair,
@@ -224,15 +259,29 @@ class JudgeClient:
                     max_attempts=self._max_attempts,
                     cause=short_cause(outcome),
                     sleep_s=sleep_s,
-                )
+                ),
+                extra=self._log_fields(task, attempt, replica),
             )
             if sleep_s > 0:
                 await trio.sleep(sleep_s)
 
-    def _finish(self, task: JudgeTask, conclusion: Conclusion, attempts: int) -> JudgeResult:
+    def _log_fields(self, task: JudgeTask, attempt: int, replica: int) -> dict[str, object]:
+        """The fields a structured log record carries for one comparison's attempt."""
+        return {
+            "group_key": None if task.group_key is None else log_key(task.group_key),
+            "pair": list(task.pair),
+            "judge_pass": task.judge_pass,
+            "attempt": attempt,
+            "replica": self.replica_names[replica],
+        }
+
+    def _finish(
+        self, task: JudgeTask, conclusion: Conclusion, attempts: int, replica: int
+    ) -> JudgeResult:
         if isinstance(conclusion, Failed):
+            self.metrics.comparison("failed")
             text = judge_error_text(
-                url=self._url,
+                url=self._urls[replica],
                 pair=task.pair,
                 judge_pass=task.judge_pass,
                 attempt=attempts,
@@ -244,55 +293,94 @@ class JudgeClient:
                 # A judge may echo request headers in an error body (J-41).
                 text = text.replace(self._api_key, _REDACTED)
             return JudgeFailure(text=text, attempts=attempts)
+        self.metrics.comparison("default_fallback" if conclusion.fallback else "verdict")
         if conclusion.fallback:
             logger.warning(
-                fallback_log_text(pair=task.pair, judge_pass=task.judge_pass, attempts=attempts)
+                fallback_log_text(pair=task.pair, judge_pass=task.judge_pass, attempts=attempts),
+                extra=self._log_fields(task, attempts, replica),
             )
         return JudgeVerdict(
             verdict=conclusion.verdict, fallback=conclusion.fallback, attempts=attempts
         )
 
-    async def _attempt(self, body: bytes, lane: Lane) -> AttemptOutcome:
-        """One judge HTTP request, holding a concurrency slot for exactly its duration."""
+    async def _attempt(
+        self, body: bytes, lane: Lane, task: JudgeTask, previous: int | None, may_probe: bool
+    ) -> tuple[AttemptOutcome, str, int]:
+        """One judge HTTP request, holding a concurrency slot for exactly its duration: its
+        outcome, the outcome's metrics label and the replica it went to."""
         timeout = self._config.judge_request_timeout_s
+        asked = trio.current_time()
         await self.slots.acquire(lane)
+        pick: Pick | None = None
+        label = "cancelled"
+        started = asked
         try:
+            balancer = self.balancer
+            pick = balancer.choose(task.group_key, asked, avoid=previous, may_probe=may_probe)
+            while pick is None:  # every replica that could take it is at its own cap
+                await self._replica_freed.wait()
+                pick = balancer.choose(
+                    task.group_key, trio.current_time(), avoid=previous, may_probe=may_probe
+                )
+            started = trio.current_time()
+            self.metrics.slot_wait_seconds.observe(started - asked)
             self._attempts_total += 1
             # J-27: the deadline starts once the slot is held and covers the whole exchange;
             # the transport's connect timeout is only a second line behind it.
             with trio.move_on_after(timeout):
                 try:
-                    return await self._exchange(body)
+                    outcome, label = await self._exchange(body, self._transports[pick.replica])
                 except ConnectTimedOut:
-                    return timeout_outcome(timeout)
+                    outcome, label = timeout_outcome(timeout), "timeout"
                 except JudgeTransportError as exc:
-                    return transport_outcome(exc)
-            return timeout_outcome(timeout)
+                    outcome, label = transport_outcome(exc), "transport"
+                return outcome, label, pick.replica
+            label = "timeout"
+            return timeout_outcome(timeout), label, pick.replica
         finally:
+            if pick is not None:
+                self._attempt_ended(pick, label, started)
             self.slots.release()
 
-    async def _exchange(self, body: bytes) -> AttemptOutcome:
-        reply = await self._transport.send(body)
+    def _attempt_ended(self, pick: Pick, label: str, started: float) -> None:
+        now = trio.current_time()
+        name = self.replica_names[pick.replica]
+        self.metrics.judge_attempt(name, label, now - started)
+        failed = None if label == "cancelled" else label in _REPLICA_FAILURES
+        if self.balancer.finished(pick, failed=failed, now=now):
+            self.metrics.ejection(name)
+            logger.warning(
+                "GenRM judge replica %s ejected for %ss after repeated failures (last: %s)",
+                name,
+                self._config.judge_replica_cooldown_s,
+                label,
+                extra={"replica": name},
+            )
+        freed, self._replica_freed = self._replica_freed, trio.Event()
+        freed.set()
+
+    async def _exchange(self, body: bytes, transport: JudgeTransport) -> tuple[AttemptOutcome, str]:
+        reply = await transport.send(body)
         try:
             return await self._outcome(reply)
         finally:
             await reply.release()
 
-    async def _outcome(self, reply: JudgeReply) -> AttemptOutcome:
+    async def _outcome(self, reply: JudgeReply) -> tuple[AttemptOutcome, str]:
         """Read the reply's body as far as its status calls for and classify the attempt."""
         chunks: list[bytes] = []
         status = reply.status
         if 200 <= status <= 299:
             if not await reply.read_at_most(MAX_REPLY_BYTES, chunks):
-                return FatalFailure(
-                    cause=f"ReplyTooLarge: judge reply exceeds {MAX_REPLY_BYTES} bytes"
-                )
-            return reply_outcome(
+                too_large = f"ReplyTooLarge: judge reply exceeds {MAX_REPLY_BYTES} bytes"
+                return FatalFailure(cause=too_large), "unusable"
+            outcome = reply_outcome(
                 self._config.judge_api,
                 chunks[0] if len(chunks) == 1 else b"".join(chunks),
                 default_score=self._config.default_score,
                 default_ranking=self._config.default_ranking,
             )
+            return outcome, reply_label(outcome)
         try:
             await reply.read_at_most(MAX_ERROR_BODY_BYTES, chunks)
         except JudgeTransportError:
@@ -303,4 +391,4 @@ class JudgeClient:
             None if retry_after_header is None else retry_after_header.decode("latin-1"),
             now_epoch_s=time.time(),
         )
-        return status_outcome(status, prefix, retry_after)
+        return status_outcome(status, prefix, retry_after), status_label(status)

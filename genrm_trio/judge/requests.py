@@ -38,6 +38,11 @@ def judge_url(base_url: str, api: JudgeApi) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
+def replica_base_urls(config: Config) -> list[str]:
+    """The judge replicas' base URLs: ``judge_base_urls`` when set, else ``judge_base_url``."""
+    return list(config.judge_base_urls or (config.judge_base_url,))
+
+
 def resolve_api_key(config: Config, environ: Mapping[str, str]) -> str | None:
     """J-35: the configured key, else a non-empty GENRM_JUDGE_API_KEY, else none."""
     if config.judge_api_key:

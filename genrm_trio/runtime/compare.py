@@ -79,6 +79,8 @@ async def run_compare(
     failures: list[str] = []
     # One lane for the whole batch: it is complete, and ranks by when the call started.
     lane = judge.slots.lane(complete=True)
+    # The batch shares one conversation, so its comparisons prefer one judge replica.
+    batch_key = f"compare::{lane.rank[1]}"
     with trio.move_on_at(deadline) as scope:
         async with trio.open_nursery() as nursery:
             for comparison in plan:
@@ -90,6 +92,7 @@ async def run_compare(
                     pair=(comparison.first, comparison.second),
                     judge_pass=comparison.judge_pass,
                     lane=lane,
+                    group_key=batch_key,
                 )
                 nursery.start_soon(
                     _judge_one, judge, comparison, task, deadline, verdicts, failures, nursery

@@ -38,6 +38,7 @@ from genrm_trio.core.groups import (
 )
 from genrm_trio.core.identity import ResponseIdentity
 from genrm_trio.core.pairs import Comparison, baseline_order_digest
+from genrm_trio.core.server_metrics import FAST_BUCKETS, Histogram, ServerMetrics, verify_label
 from genrm_trio.core.texts import (
     convert_history,
     effective_principle,
@@ -91,6 +92,10 @@ class Counters:
     conversions: int = 0
     response_digests: int = 0
     canonical_fingerprints: int = 0
+    fingerprint_seconds: Histogram = field(default_factory=lambda: Histogram(FAST_BUCKETS))
+
+    def fingerprint_took(self, seconds: float) -> None:
+        self.fingerprint_seconds.observe(seconds)
 
 
 @dataclass(eq=False)
@@ -122,9 +127,11 @@ class Engine:
     ) -> None:
         self.config = config
         self.hooks = hooks or Hooks()
-        self.judge = JudgeClient(config, transport=judge_transport)
+        self.metrics = ServerMetrics()
+        self.judge = JudgeClient(config, transport=judge_transport, metrics=self.metrics)
         self.registry = GroupRegistry(config, log=log.log)
         self.counters = Counters()
+        self.metrics.fingerprint_seconds = self.counters.fingerprint_seconds
         self._nursery: trio.Nursery | None = None
         self._owned_tasks = 0
         self._tasks_done = trio.Event()
@@ -198,6 +205,7 @@ class Engine:
         self._apply(decision.effects)
         reply = decision.reply
         if isinstance(reply, Answer):
+            self.metrics.verify(verify_label(reply.outcome, replay=True))
             return reply.outcome
         done = partial(self.registry.identity_done, reply.record, reply.slot, identity)
         if on_wait is not None:
@@ -210,6 +218,7 @@ class Engine:
             done()
             raise
         assert reply.waiter.outcome is not None
+        self.metrics.verify(verify_label(reply.waiter.outcome, replay=False))
         if after_reply is None:
             done()
         else:
@@ -221,8 +230,10 @@ class Engine:
     ) -> tuple[Arrival, ResponseIdentity] | Scored | Rejected:
         """The request reduced to what the group engine needs, or its answer if it needs none."""
         if self.closed:
+            self.metrics.verify("unavailable")
             return Rejected(503, messages.SHUTTING_DOWN)
         if not self.config.group_mode:
+            self.metrics.verify("scored")
             return Scored(self.config.default_score, None)
         if request.group_id is not None and not request.attempt_given:
             if not self._attempt_omission_logged:
@@ -289,9 +300,9 @@ class Engine:
                 record.handle.wake.set()
             elif isinstance(effect, BeginEvaluation):
                 handle: GroupHandle = record.handle
-                handle.evaluation_deadline = (
-                    trio.current_time() + self.config.cohort_evaluation_timeout_s
-                )
+                now = trio.current_time()
+                handle.evaluation_deadline = now + self.config.cohort_evaluation_timeout_s
+                self.metrics.collection_seconds.observe(now - record.started_at)
                 # Complete groups' comparisons go ahead of those of groups still collecting.
                 self.judge.slots.promote(handle.lane)
                 handle.ready.set()
@@ -333,6 +344,8 @@ class Engine:
                     await call_hook(self.hooks.on_evaluation_start, record.key)
                     self._start_queued(record, handle, comparisons)
                 now = trio.current_time()
+                began = handle.evaluation_deadline - self.config.cohort_evaluation_timeout_s
+                self.metrics.evaluation_seconds.observe(now - began)
                 if self.config.debug_logging:
                     log.debug(
                         "GenRM verdicts key='%s' comparisons=%d verdicts=%d failed=%d",
@@ -419,6 +432,7 @@ class Engine:
             pair=(comparison.first, comparison.second),
             judge_pass=comparison.judge_pass,
             lane=lane,
+            group_key=record.key,
         )
 
     async def _compare(

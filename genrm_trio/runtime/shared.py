@@ -39,6 +39,7 @@ from genrm_trio.core.groups import (
 )
 from genrm_trio.core.identity import ResponseIdentity
 from genrm_trio.core.pairs import Comparison
+from genrm_trio.core.server_metrics import verify_label
 from genrm_trio.core.verdicts import Verdict
 from genrm_trio.judge.client import JudgeFailure
 from genrm_trio.judge.transport import TransportFactory
@@ -170,6 +171,7 @@ class SharedEngine(Engine):
             raise
         if arriving.failed is not None:
             identity.release()
+            self.metrics.verify("unavailable")
             return arriving.failed
         decision = arriving.decision
         assert decision is not None
@@ -178,6 +180,7 @@ class SharedEngine(Engine):
         # process needs the bytes only for the reply's echo, which the request holds itself.
         if isinstance(reply, Answer):
             identity.release()
+            self.metrics.verify(verify_label(reply.outcome, replay=True))
             return reply.outcome
         if on_wait is not None:
             on_wait(identity)
@@ -187,11 +190,15 @@ class SharedEngine(Engine):
             # A disconnect removes only this request's waiter (C-51); the group goes on.
             self._abandon(arriving)
             raise
+        # Usually gone already (delivery pops it); not when the transaction that made this
+        # request wait also ended its group (a later member of the same batch failing it).
+        self._unregister(_rid(reply.record), reply.waiter)
         if after_reply is None:
             identity.release()
         else:
             after_reply.append(identity.release)
         assert reply.waiter.outcome is not None
+        self.metrics.verify(verify_label(reply.waiter.outcome, replay=False))
         return reply.waiter.outcome
 
     def _enqueue(self, ref: str, arriving: _Arriving) -> None:
@@ -296,6 +303,10 @@ class SharedEngine(Engine):
 
     def _after(self, tx: Transaction[Any]) -> None:
         """Run what a committed transaction asks of this process."""
+        # Groups this process ended, for /metrics (each process counts the ones it ended).
+        for key, count in tx.registry.finished.items():
+            self.registry.finished[key] = self.registry.finished.get(key, 0) + count
+        self.registry.rollouts_masked += tx.registry.rollouts_masked
         finished = tx.finished
         if finished is not None:
             # Local waiters need not wait for the notification; an evaluation of ours that
@@ -310,6 +321,8 @@ class SharedEngine(Engine):
             # Listed at once, not when the task first runs: the evaluation is this process's
             # from the moment of the claim (statistics, cancellation by a supersession).
             meta = _meta(tx.claimed)
+            if meta.fence == 1:  # claimed as it filled, not taken over
+                self.metrics.collection_seconds.observe(tx.now - tx.claimed.started_at)
             scope = self._evaluations[meta.rid, meta.fence] = trio.CancelScope()
             self._spawn(self._evaluate, tx.claimed, tx.now, scope)
 
@@ -392,6 +405,7 @@ class SharedEngine(Engine):
         assert meta.evaluation_due is not None
         deadline = trio.current_time() + (meta.evaluation_due - claimed_at)
         lane = self.judge.slots.lane(complete=True)
+        began = trio.current_time()
         verdicts: dict[int, Verdict] = {}
         finished = 0
 
@@ -403,6 +417,18 @@ class SharedEngine(Engine):
             if current_meta.rid != rid or current_meta.fence != fence:
                 return None
             return current
+
+        def failing(text: str) -> Callable[[Transaction[Any]], bool]:
+            """A non-judge error ends the evaluation: the group fails with kind cohort (C-63)."""
+
+            def fail(tx: Transaction[Any]) -> bool:
+                current = owned(tx)
+                if current is None:
+                    return False
+                tx.registry.fail_evaluation(current, text, tx.now)
+                return True
+
+            return fail
 
         async def compare(comparison: Comparison) -> None:
             nonlocal finished
@@ -451,6 +477,7 @@ class SharedEngine(Engine):
                             comparisons.start_soon(compare, comparison)
                     outer.cancel_scope.cancel()
                 expired = comparisons.cancel_scope.cancel_called
+                self.metrics.evaluation_seconds.observe(trio.current_time() - began)
 
                 def finish(tx: Transaction[Any]) -> bool:
                     current = owned(tx)
@@ -471,35 +498,36 @@ class SharedEngine(Engine):
                 messages.log_key(record.key),
                 exc_info=cause,
             )
-            text = messages.evaluation_failed(cause)
-
-            def fail(tx: Transaction[Any]) -> bool:
-                current = owned(tx)
-                if current is None:
-                    return False
-                tx.registry.fail_evaluation(current, text, tx.now)
-                return True
-
-            publish = fail
+            publish = failing(messages.evaluation_failed(cause))
         except BaseException:
             del self._evaluations[rid, fence]
             raise
         try:
             if publish is not None:  # else: lost the lease, superseded, or shutting down
-                await self._publish(ref, publish)
+                await self._publish(ref, publish, failing)
         finally:
             # Listed until its outcome is stored, so the evaluation counts as running until then.
             del self._evaluations[rid, fence]
 
-    async def _publish(self, ref: str, step: Callable[[Transaction[Any]], bool]) -> None:
+    async def _publish(
+        self,
+        ref: str,
+        step: Callable[[Transaction[Any]], bool],
+        failing: Callable[[str], Callable[[Transaction[Any]], bool]],
+    ) -> None:
         """Store the outcome; while the store is down, try again until it answers or the
-        fence refuses (another process took the evaluation over meanwhile)."""
+        fence refuses (another process took the evaluation over meanwhile). If building the
+        outcome raises (a failed internal check, C-64), the group fails instead (C-63)."""
         while True:
             try:
                 tx = await self.store.transact(ref, step)
             except StoreFailed as exc:
                 log.warning("GenRM could not store an outcome, retrying: %s", exc)
                 await trio.sleep(self.poll_s)
+                continue
+            except Exception as exc:
+                log.error("GenRM cohort evaluation failed for ref='%s'", ref, exc_info=exc)
+                step = failing(messages.evaluation_failed(exc))
                 continue
             if tx.result:
                 self.published += 1

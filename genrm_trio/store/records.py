@@ -43,7 +43,6 @@ class StoreMeta:
 class _Outcome(msgspec.Struct, array_like=True, omit_defaults=True):
     masked: bool
     reward: float = 0.0
-    metrics: dict[str, float] | None = None
     text: str = ""
     suffix: str = ""
 
@@ -83,6 +82,8 @@ class _Record(msgspec.Struct, array_like=True, omit_defaults=True):
     fence: int = 0
     lease_until: float | None = None
     evaluation_due: float | None = None
+    # The group metrics, the same on every scored row (W-35), kept once per record.
+    metrics: dict[str, float] | None = None
 
 
 class _Watermark(msgspec.Struct, array_like=True):
@@ -107,26 +108,30 @@ def _encode_outcome(outcome: Scored | Masked | None) -> _Outcome | None:
         return None
     if isinstance(outcome, Masked):
         return _Outcome(True, text=outcome.text, suffix=outcome.suffix)
-    metrics = dict(outcome.metrics) if outcome.metrics is not None else None
-    return _Outcome(False, reward=outcome.reward, metrics=metrics)
+    return _Outcome(False, reward=outcome.reward)
 
 
-def _decode_outcome(stored: _Outcome | None) -> Scored | Masked | None:
+def _decode_outcome(
+    stored: _Outcome | None, metrics: dict[str, float] | None
+) -> Scored | Masked | None:
     if stored is None:
         return None
     if stored.masked:
         return Masked(stored.text, stored.suffix)
-    return Scored(stored.reward, stored.metrics)
+    return Scored(stored.reward, metrics)
 
 
 def encode_record(record: Record) -> bytes:
     meta = record.handle
     assert isinstance(meta, StoreMeta), "a stored record carries its StoreMeta"
     members = []
+    metrics: dict[str, float] | None = None
     for slot in sorted(record.members):
         member = record.members[slot]
         digest, canonical = _fingerprints(member.fingerprint)
         texts = (member.texts.reasoning, member.texts.answer) if member.texts else None
+        if isinstance(member.outcome, Scored) and member.outcome.metrics is not None:
+            metrics = dict(member.outcome.metrics)
         members.append(_Member(slot, digest, canonical, texts, _encode_outcome(member.outcome)))
     inputs = record.inputs
     return _encoder.encode(
@@ -150,6 +155,7 @@ def encode_record(record: Record) -> bytes:
             fence=meta.fence,
             lease_until=meta.lease_until,
             evaluation_due=meta.evaluation_due,
+            metrics=metrics,
         )
     )
 
@@ -172,7 +178,7 @@ def decode_record(data: bytes) -> Record:
             ResponseIdentity.settled_from(member.digest, member.canonical),
             MemberTexts(*member.texts) if member.texts is not None else None,
             [],
-            _decode_outcome(member.outcome),
+            _decode_outcome(member.outcome, stored.metrics),
         )
     if stored.inputs is not None:
         i = stored.inputs

@@ -102,7 +102,7 @@ class Transaction(Generic[T]):
     registry: GroupRegistry
     now: float
     loaded: Record | None
-    logs: list[tuple[int, str]] = field(default_factory=list)
+    logs: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
     claimed: Record | None = None  # a record whose evaluation this transaction claimed
     finished: Record | None = None  # the loaded record, if this transaction ended it
     result: T | None = None
@@ -256,9 +256,9 @@ class RedisGroupStore:
     ) -> tuple[Transaction[Any], list[list[Arg]]]:
         """Load, transition and diff, in one critical section: no checkpoint in between."""
         with critical_section():
-            logs: list[tuple[int, str]] = []
+            logs: list[tuple[int, str, dict[str, Any]]] = []
             registry = GroupRegistry(
-                self.config, log=lambda level, text: logs.append((level, text))
+                self.config, log=lambda level, text, **fields: logs.append((level, text, fields))
             )
             loaded = decode_record(record_data) if record_data is not None else None
             if loaded is not None and loaded.phase.active and loaded.inputs is not None:
@@ -397,8 +397,9 @@ class RedisGroupStore:
 
     @staticmethod
     def _emit(tx: Transaction[Any]) -> None:
-        for level, text in tx.logs:
-            log.log(level, text)
+        # Logged only once the transition is stored: a transaction run again logs once.
+        for level, text, fields in tx.logs:
+            log.log(level, text, **fields)
 
     # ---- reads -----------------------------------------------------------------------------
 

@@ -12,7 +12,11 @@ answered at once and are not judge calls.
 Order of decisions for a judge call: API key (401), request checks (400), the first applicable
 rule (CL-15), else the first fault rate that fires (CL-17), else the quality verdict (CL-13).
 Rejected calls are answered without latency; every other action but ``hang`` waits the drawn
-latency plus the rule's ``delay_s`` first (CL-16).
+latency plus the rule's ``delay_s`` first (CL-16), plus, with the prefix-cache model on, the
+prefill time of a conversation this judge has not served recently: the judge remembers the
+conversation prefixes (history and principle, everything before the two responses) of its last
+CAPACITY distinct prefixes, least recently used first out, and a call whose prefix is not among
+them waits MISS_S more, as a vLLM replica recomputes a prefix its cache no longer holds.
 Every random draw comes from a generator seeded with ``(seed, purpose, request number)``, so a
 request's latency and faults depend only on the seed, the rules and its position in the request
 sequence, never on timing (CL-19). ``reset()`` restarts the request numbering.
@@ -21,11 +25,12 @@ sequence, never on timing (CL-19). ``reset()`` restarts the request numbering.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import random
 import re
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -185,6 +190,31 @@ class Latency:
         if self.kind == "lognormal":
             return rng.lognormvariate(math.log(self.a), self.b)
         return 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheModel:
+    """A parsed ``--prefix-cache CAPACITY:MISS_S`` setting."""
+
+    capacity: int
+    miss_s: float
+
+
+def parse_prefix_cache(spec: str | None) -> PrefixCacheModel | None:
+    """Parse ``none`` (or None) or ``CAPACITY:MISS_S`` (CAPACITY >= 1, MISS_S >= 0)."""
+    if spec is None or spec.strip() == "none":
+        return None
+    capacity, sep, miss = spec.strip().partition(":")
+    try:
+        model = PrefixCacheModel(int(capacity), float(miss))
+    except ValueError:
+        model = None
+    if not sep or model is None or model.capacity < 1 or not 0 <= model.miss_s < math.inf:
+        raise ValueError(
+            f"prefix cache {spec!r}: expected none or CAPACITY:MISS_S "
+            "(CAPACITY an integer >= 1, MISS_S seconds >= 0)"
+        )
+    return model
 
 
 def parse_latency(spec: str) -> Latency:
@@ -446,6 +476,7 @@ class _Call:
     response_2: str
     principle: str | None
     prompt_chars: int
+    prefix: bytes  # digest of the conversation before the two responses
 
 
 def _chat_reply(
@@ -634,6 +665,8 @@ class _Counters:
     by_action: dict[str, int] = field(default_factory=dict)
     max_in_flight: int = 0
     cancelled: int = 0
+    prefix_hits: int = 0
+    prefix_misses: int = 0
 
 
 class FakeJudge:
@@ -650,11 +683,14 @@ class FakeJudge:
         tie_ranking: float = 3.5,
         rules: list[dict[str, Any]] | None = None,
         fault_rates: dict[str, float] | None = None,
+        prefix_cache: str | None = None,
     ) -> None:
         self.seed = seed
         self.model = model
         self.api_key = api_key
         self.latency = parse_latency(latency)
+        self.prefix_cache = parse_prefix_cache(prefix_cache)
+        self._prefixes: OrderedDict[bytes, None] = OrderedDict()
         self.position_bias = float(position_bias)
         self.tie_ranking = float(tie_ranking)
         self._fault_rates = _compile_fault_rates(fault_rates)
@@ -685,6 +721,7 @@ class FakeJudge:
         """
         self._counters = _Counters(max_in_flight=self._in_flight)
         self._recorded.clear()
+        self._prefixes.clear()
         for rule in self._rules:
             rule.matched = 0
         self._notify()
@@ -694,7 +731,7 @@ class FakeJudge:
     def stats(self) -> dict[str, Any]:
         """CL-18 statistics."""
         counters = self._counters
-        return {
+        stats: dict[str, Any] = {
             "requests_total": counters.requests_total,
             "by_api": dict(counters.by_api),
             "by_action": dict(counters.by_action),
@@ -702,6 +739,12 @@ class FakeJudge:
             "max_in_flight": counters.max_in_flight,
             "cancelled": counters.cancelled,
         }
+        if self.prefix_cache is not None:
+            stats["prefix_cache"] = {
+                "hits": counters.prefix_hits,
+                "misses": counters.prefix_misses,
+            }
+        return stats
 
     def requests(self, limit: int = MAX_RECORDED_REQUESTS) -> list[dict[str, Any]]:
         """The last ``limit`` recorded judge calls, oldest first.
@@ -833,10 +876,22 @@ class FakeJudge:
             raise _Rejected(400, "model must be a string")
         if api == "chat_completions":
             response_1, response_2, principle, chars = _check_chat(body)
+            before = body["messages"][:-2]
         else:
             response_1, response_2, principle, chars = _check_responses(body)
+            before = [body.get("input", []), principle]
+        prefix = b""
+        if self.prefix_cache is not None:
+            encoded = json.dumps(before, sort_keys=True).encode()
+            prefix = hashlib.blake2b(encoded, digest_size=16).digest()
         return _Call(
-            api, model or self.model or DEFAULT_MODEL, response_1, response_2, principle, chars
+            api,
+            model or self.model or DEFAULT_MODEL,
+            response_1,
+            response_2,
+            principle,
+            chars,
+            prefix,
         )
 
     def _decide(self, call: _Call, number: int) -> FakeReply:
@@ -844,7 +899,25 @@ class FakeJudge:
         if action == "hang":
             return FakeReply("hang", 0, (), b"", action)
         delay_s = self.latency.draw(self._rng("latency", number)) + extra_delay
+        delay_s += self._prefill_s(call.prefix)
         return dataclasses.replace(self._build(call, number, action, fields), delay_s=delay_s)
+
+    def _prefill_s(self, prefix: bytes) -> float:
+        """The prefix-cache model: extra latency for a prefix not served recently, which it
+        now is."""
+        model = self.prefix_cache
+        if model is None:
+            return 0.0
+        cache = self._prefixes
+        if prefix in cache:
+            cache.move_to_end(prefix)
+            self._counters.prefix_hits += 1
+            return 0.0
+        cache[prefix] = None
+        if len(cache) > model.capacity:
+            cache.popitem(last=False)
+        self._counters.prefix_misses += 1
+        return model.miss_s
 
     def _select(self, call: _Call, number: int) -> tuple[str, Mapping[str, Any], float]:
         """The action for a checked call: first applicable rule, else a fault, else a verdict.

@@ -15,7 +15,12 @@ from typing import Any
 import trio
 import yaml
 
-from genrm_trio.testing.fake_judge import FakeJudge, parse_fault_action, parse_latency
+from genrm_trio.testing.fake_judge import (
+    FakeJudge,
+    parse_fault_action,
+    parse_latency,
+    parse_prefix_cache,
+)
 from genrm_trio.testing.fake_judge_http import serve_fake_judge
 
 EXIT_OK = 0
@@ -26,6 +31,14 @@ EXIT_USAGE = 2
 def latency_arg(value: str) -> str:
     try:
         parse_latency(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return value
+
+
+def _prefix_cache_arg(value: str) -> str:
+    try:
+        parse_prefix_cache(value)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return value
@@ -68,6 +81,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="none",
         help="none, fixed:S, uniform:LO:HI or lognormal:MEDIAN:SIGMA (seconds)",
     )
+    parser.add_argument(
+        "--prefix-cache",
+        type=_prefix_cache_arg,
+        default="none",
+        metavar="CAPACITY:MISS_S",
+        help="prefix-cache latency model: a call whose conversation is not among the last "
+        "CAPACITY served takes MISS_S seconds longer (default none)",
+    )
     parser.add_argument("--position-bias", type=float, default=0.0, help="added to score_1")
     parser.add_argument("--tie-ranking", type=float, default=3.5, help="ranking of a tie")
     parser.add_argument("--rules", type=Path, default=None, help="rules file, YAML or JSON")
@@ -105,6 +126,7 @@ def judge_from_args(args: argparse.Namespace) -> FakeJudge:
         tie_ranking=args.tie_ranking,
         rules=rules,
         fault_rates=dict(args.fault_rate),
+        prefix_cache=args.prefix_cache,
     )
 
 

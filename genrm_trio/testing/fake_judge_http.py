@@ -216,6 +216,7 @@ def fake_judge_app(
     tie_ranking: float = 3.5,
     rules: list[dict[str, Any]] | None = None,
     fault_rates: dict[str, float] | None = None,
+    prefix_cache: str | None = None,
 ) -> FakeJudgeApp:
     """A new fake judge as an ASGI app; the judge itself is the app's ``.judge``."""
     judge = FakeJudge(
@@ -227,6 +228,7 @@ def fake_judge_app(
         tie_ranking=tie_ranking,
         rules=rules,
         fault_rates=fault_rates,
+        prefix_cache=prefix_cache,
     )
     return FakeJudgeApp(judge)
 

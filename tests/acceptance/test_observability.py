@@ -432,10 +432,14 @@ async def test_openapi_document_lists_routes_and_status_codes() -> None:
     assert "requestBody" in paths["/compare"]["post"]
 
 
-async def test_metrics_route_is_not_there_yet() -> None:
-    # W-1
+async def test_every_route_answers_and_an_unknown_one_is_a_json_404() -> None:
+    # W-1, O-10
     async with running_server() as server:
-        response = await server.client.get("/metrics")
+        metrics = await server.client.get("/metrics")
+        assert metrics.status_code == 200
+        assert metrics.headers["content-type"].startswith("text/plain")
+        assert "# TYPE genrm_verify_requests_total counter" in metrics.text
+        response = await server.client.get("/metric")
         assert response.status_code == 404
         assert response.headers["content-type"].startswith("application/json")
         body = response.json()

@@ -327,7 +327,7 @@ async def test_compare_rejects_malformed_bodies_with_422() -> None:
 async def test_unknown_routes_and_methods_answer_json_errors_not_500() -> None:
     # AS-22
     async with running_server() as server:
-        for path in ("/nope", "/metrics", "/verify/extra"):
+        for path in ("/nope", "/metrics/extra", "/verify/extra"):
             reply = await server.get(path)
             assert_error(reply, 404)
             assert reply.body["detail"]
@@ -338,6 +338,7 @@ async def test_unknown_routes_and_methods_answer_json_errors_not_500() -> None:
         assert response.headers["allow"] == "POST"
         post_health = await server.post("/healthz", b"{}")
         assert_error(post_health, 405)
+        assert_error(await server.post("/metrics", b"{}"), 405)
         await assert_no_state(server)
 
 

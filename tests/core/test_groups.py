@@ -376,7 +376,7 @@ def logging_registry(**overrides: Any) -> tuple[GroupRegistry, list[tuple[int, s
     }
     values.update(overrides)
     return GroupRegistry(
-        Config(**values), log=lambda level, text: lines.append((level, text))
+        Config(**values), log=lambda level, text, **_: lines.append((level, text))
     ), lines
 
 

@@ -14,6 +14,10 @@ from genrm_trio.core.identity import ResponseIdentity, same_response
 class Work:
     response_digests: int = 0
     canonical_fingerprints: int = 0
+    fingerprint_seconds: float = 0.0
+
+    def fingerprint_took(self, seconds: float) -> None:
+        self.fingerprint_seconds += seconds
 
 
 def test_identical_bytes_match_on_their_digest_without_a_canonical_fingerprint() -> None:

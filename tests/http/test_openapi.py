@@ -37,6 +37,7 @@ def test_every_route_and_status_code_is_documented() -> None:
         "/seed_session",
         "/aggregate_metrics",
         "/healthz",
+        "/metrics",
         "/openapi.json",
     }
     assert set(paths["/verify"]["post"]["responses"]) == {"200", "400", "409", "413", "422", "503"}

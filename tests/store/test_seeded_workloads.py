@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 
@@ -68,13 +69,19 @@ def seen(outcome: Outcome) -> tuple[Any, ...]:
 
 
 async def play(engines: list[Engine], bodies: list[dict[str, Any]], seed: int) -> list[Any]:
-    """Send each body to a random engine and let everything it starts settle before the next."""
+    """Send each body to a random engine and let everything it starts settle before the next;
+    now and then a waiting request disconnects (the same ones in every run of a seed)."""
     rng = random.Random(seed)
+    drops = random.Random(seed + 1)  # draws the same numbers whatever the engine count
     answers: dict[int, tuple[Any, ...]] = {}
+    scopes: dict[int, trio.CancelScope] = {}
 
     async def send(index: int, engine: Engine, body: dict[str, Any]) -> None:
-        request = parse_verify_body(__import__("msgspec").json.encode(body), engine.config)
-        answers[index] = seen(await engine.verify(request))
+        request = parse_verify_body(msgspec.json.encode(body), engine.config)
+        with scopes.setdefault(index, trio.CancelScope()):
+            answers[index] = seen(await engine.verify(request))
+            return
+        answers[index] = ("disconnected",)
 
     def settled(sent: int) -> bool:
         waiting = sum(e.statistics().waiters for e in engines)
@@ -92,11 +99,18 @@ async def play(engines: list[Engine], bodies: list[dict[str, Any]], seed: int) -
                     return False
         return True
 
+    async def settle(sent: int) -> None:
+        while not (settled(sent) and await notified()):  # noqa: ASYNC110
+            await trio.sleep(0.002)
+
     async with trio.open_nursery() as nursery:
         for index, body in enumerate(bodies):
             nursery.start_soon(send, index, rng.choice(engines), body)
-            while not (settled(index + 1) and await notified()):  # noqa: ASYNC110
-                await trio.sleep(0.002)
+            await settle(index + 1)
+            waiting = sorted(i for i in scopes if i not in answers)
+            if drops.random() < 0.15 and waiting:
+                scopes[waiting[drops.randrange(len(waiting))]].cancel()  # a client goes away
+                await settle(index + 1)
         for engine in engines:
             engine.begin_shutdown()  # the groups still collecting answer "shutting down"
     return [answers[i] for i in range(len(bodies))]

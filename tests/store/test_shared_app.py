@@ -36,6 +36,18 @@ async def test_two_servers_share_groups_and_health_reports_the_store(
         assert health.body["group_store"] == f"redis://127.0.0.1:{redis_server.port}/0"
         assert health.body["group_store_available"] is True
         assert (health.body["retained_records"], health.body["watermarks"]) == (1, 1)
+        # /metrics counts what each process answered and the groups it ended.
+        texts = [(await s.client.get("/metrics")).text for s in (a, b)]
+        scored = [t.count('genrm_verify_requests_total{outcome="scored"} 1.0') for t in texts]
+        assert scored == [1, 1]
+        assert (
+            sum(
+                'disposition="completed"' in line and line.endswith(" 1.0")
+                for t in texts
+                for line in t.splitlines()
+            )
+            == 1
+        )
 
         redis_server.kill()
         down = await a.verify(member(0, 4, g="other"))

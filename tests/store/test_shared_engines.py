@@ -325,3 +325,93 @@ def test_store_addresses_are_checked(url: str) -> None:
 
 def test_config_used_by_the_helpers_is_valid() -> None:
     assert shared_config().num_rollouts_per_prompt == 2
+
+
+async def test_an_owner_gone_during_evaluation_is_taken_over(
+    shared_redis_server: RedisServer,
+) -> None:
+    judging = trio.Event()
+
+    async def hang(*_: Any) -> None:
+        judging.set()
+        await trio.sleep_forever()
+
+    judge = FakeJudge()
+    async with shared_engines(
+        shared_redis_server.url,
+        judge=judge,
+        hooks=[Hooks(on_comparison_start=hang), None],
+        lease_s=0.3,
+    ) as (a, b):
+        async with trio.open_nursery() as nursery:
+            waiting: list[Outcome] = []
+            nursery.start_soon(lambda: _append(waiting, verify(b, member(0, 4))))
+            await wait_until(lambda: b.statistics().waiters == 1)
+            nursery.start_soon(lambda: _append(waiting, verify(a, member(1, 2))))
+            await judging.wait()
+            await a.shutdown()  # the owner goes away mid-evaluation; the group is not failed
+            await wait_until(lambda: len(waiting) == 2)
+        assert Rejected(503, "GenRM server is shutting down") in waiting  # a's own waiter
+        assert [o.reward for o in waiting if isinstance(o, Scored)] == [4.0]  # b's, judged by b
+        assert (b.claims, b.published, judge.stats()["requests_total"]) == (1, 1, 2)
+        replay = await verify(b, member(1, 2))
+        assert isinstance(replay, Scored) and replay.reward == 2.0
+
+
+async def test_a_non_judge_error_in_the_owner_fails_the_group_everywhere(
+    shared_redis_server: RedisServer,
+) -> None:
+    def boom(*_: Any) -> None:
+        raise RuntimeError("boom")
+
+    judge = FakeJudge()
+    async with shared_engines(
+        shared_redis_server.url, judge=judge, hooks=[Hooks(on_evaluation_start=boom), None]
+    ) as (a, b):
+        async with trio.open_nursery() as nursery:
+            waiting: list[Outcome] = []
+            nursery.start_soon(lambda: _append(waiting, verify(b, member(0, 4))))
+            await wait_until(lambda: b.statistics().waiters == 1)
+            waiting.append(await verify(a, member(1, 2)))  # a fills the group and owns it
+            await wait_until(lambda: len(waiting) == 2)
+        failed = Rejected(503, "GenRM cohort evaluation failed: RuntimeError: boom")
+        assert waiting == [failed, failed]
+        assert await verify(b, member(0, 7)) == failed  # any later request: the same failure
+        assert judge.stats()["requests_total"] == 0
+
+
+async def test_non_finite_rewards_fail_the_shared_group(shared_redis_server: RedisServer) -> None:
+    # AS-112 with a shared store: the outcome is built inside the publishing transaction, and
+    # its failed check fails the group instead.
+    judge = FakeJudge(
+        rules=[{"action": "verdict", "score_1": 1e308, "score_2": 1e308, "ranking": 3.5}]
+    )
+    async with shared_engines(shared_redis_server.url, judge=judge) as (a, b):
+        results = await send_all([(a, member(0, 4)), (b, member(1, 2))])
+        for outcome in results.values():
+            assert isinstance(outcome, Rejected) and outcome.status == 503
+            assert "non-finite cohort rewards" in outcome.detail
+        await check_store_invariants(a.store, a.config)
+
+
+async def test_a_conversion_failure_answers_the_members_already_waiting(
+    shared_redis_server: RedisServer,
+) -> None:
+    def fail_slot_1(slot: int) -> None:
+        if slot == 1:
+            raise RuntimeError("cannot convert")
+
+    async with shared_engines(
+        shared_redis_server.url,
+        hooks=[Hooks(on_conversion=fail_slot_1)] * 2,
+        num_rollouts_per_prompt=3,
+    ) as (a, b):
+        failed = Rejected(503, "GenRM cohort input conversion failed: RuntimeError: cannot convert")
+        # Sent together to one engine, the two members share one transaction; when slot 0
+        # goes first (Trio picks the order) it waits and slot 1 fails the group in the same
+        # transaction. Eight groups make that order all but certain to come up.
+        for g in range(8):
+            pair = [(a, member(0, 4, g=f"c{g}")), (a, member(1, 2, g=f"c{g}"))]
+            assert await send_all(pair) == {0: failed, 1: failed}
+            assert await verify(b, member(2, 1, g=f"c{g}")) == failed
+            assert a.statistics().waiters == 0 and b.statistics().waiters == 0

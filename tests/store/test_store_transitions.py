@@ -170,6 +170,10 @@ def test_publication_writes_the_outcome_key_and_the_notification() -> None:
     assert done.phase is Phase.COMPLETED
     assert all(m.texts is None for m in done.members.values()) and done.inputs is None
     assert all(isinstance(m.outcome, Scored) for m in done.members.values())
+    # The group metrics are kept once and come back on every scored row.
+    metrics = [m.outcome.metrics for m in done.members.values()]  # type: ignore[union-attr]
+    assert metrics[0] == metrics[1] and metrics[0] is not None
+    assert metrics[0]["genrm_failed_comparison_rate_per_group"] == 0.0
     assert written(writes, "SET", f"p:o:{rid}") is not None
     assert ["PUBLISH", "p:outcomes", rid] in writes
     assert ["ZADD", "p:terminal", 1003.0, "e:g"] in writes

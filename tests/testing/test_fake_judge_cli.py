@@ -54,10 +54,13 @@ def test_every_flag_reaches_the_judge(tmp_path: Path) -> None:
         "--seed", "7", "--latency", "uniform:0.1:0.2", "--position-bias", "1",
         "--tie-ranking", "3", "--rules", str(rules_file),
         "--fault-rate", "http_status:503=0.01", "--fault-rate", "budget_exhausted=0.05",
+        "--prefix-cache", "64:0.25",
     )  # fmt: skip
     assert args.fault_rate == [("http_status:503", 0.01), ("budget_exhausted", 0.05)]
     judge = judge_from_args(args)
     assert (judge.seed, judge.model, judge.api_key) == (7, "genrm", "k")
+    assert judge.prefix_cache is not None
+    assert (judge.prefix_cache.capacity, judge.prefix_cache.miss_s) == (64, 0.25)
     assert judge.verdict("[[q=3]]", "[[q=4]]") == (4, 4, 3)
     assert judge.rules == [
         {
@@ -81,6 +84,8 @@ def test_json_rules_file(tmp_path: Path) -> None:
     [
         ["--latency", "slow"],
         ["--latency", "uniform:3:1"],
+        ["--prefix-cache", "0:1"],
+        ["--prefix-cache", "fast"],
         ["--fault-rate", "budget_exhausted"],
         ["--fault-rate", "explode=0.1"],
         ["--fault-rate", "close=2"],

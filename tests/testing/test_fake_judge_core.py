@@ -601,3 +601,49 @@ def test_same_seed_rules_and_requests_give_identical_replies_and_latencies() -> 
     assert first == run(3)
     assert first != run(4)
     assert len({delay for _, _, delay, _ in first}) == 40
+
+
+# -- prefix-cache latency model --------------------------------------------------------------
+
+
+def conversation(body: dict[str, Any], prompt: str) -> dict[str, Any]:
+    """``body`` with the user's message replaced: another group's conversation."""
+    if "messages" in body:
+        body["messages"][0]["content"] = prompt
+    else:
+        body["input"][0]["content"] = prompt
+    return body
+
+
+@pytest.mark.parametrize("api", ["chat_completions", "responses"])
+def test_a_conversation_served_recently_is_faster(api: str) -> None:
+    judge = FakeJudge(latency="fixed:0.1", prefix_cache="2:0.5")
+    build = chat_body if api == "chat_completions" else responses_body
+
+    def delay(prompt: str, first: str = "a", principle: str | None = None) -> float:
+        body = conversation(build(first, "b", principle=principle), prompt)
+        return call(judge, body, api=api).delay_s
+
+    assert delay("p1") == pytest.approx(0.6)  # prefill: never served
+    assert delay("p1", first="other answer") == pytest.approx(0.1)  # same prefix, other pair
+    assert delay("p2") == pytest.approx(0.6)
+    assert delay("p1") == pytest.approx(0.1)  # p1 is now the most recently used
+    assert delay("p3") == pytest.approx(0.6)  # capacity 2: p2, the least recent, goes
+    assert delay("p2") == pytest.approx(0.6)
+    assert delay("p1", principle="be brief") == pytest.approx(0.6)  # the principle is prefix
+    assert judge.stats()["prefix_cache"] == {"hits": 2, "misses": 5}
+    judge.reset()
+    assert judge.stats()["prefix_cache"] == {"hits": 0, "misses": 0}
+    assert delay("p2") == pytest.approx(0.6)  # a reset empties the cache
+
+
+def test_without_the_model_latency_and_stats_are_unchanged() -> None:
+    judge = FakeJudge(latency="fixed:0.1")
+    assert [call(judge, chat_body("a", "b")).delay_s for _ in range(2)] == [0.1, 0.1]
+    assert "prefix_cache" not in judge.stats()
+
+
+@pytest.mark.parametrize("spec", ["0:1", "4", "4:-1", "x:1", "4:inf", "4:nan"])
+def test_bad_prefix_cache_settings_are_refused(spec: str) -> None:
+    with pytest.raises(ValueError, match="expected none or CAPACITY:MISS_S"):
+        FakeJudge(prefix_cache=spec)

@@ -1,0 +1,261 @@
+"""`GET /metrics`: the server's counts, gauges and histograms in Prometheus text format (§9.3, X-6).
+
+One ``CollectorRegistry`` per app, so several servers in one process never share a series. The
+collector reads the engine's plain numbers (core/server_metrics.py, the group registry, the
+judge balancer, the spool) only when scraped; prometheus_client writes the exposition. No
+series has a group-id label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from genrm_trio.core.server_metrics import Histogram
+from genrm_trio.http.spool import Spool, SpoolBudget
+from genrm_trio.runtime.engine import Engine
+
+__all__ = ["CONTENT_TYPE", "VERIFY_OUTCOMES", "metrics_registry", "render_metrics"]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+VERIFY_OUTCOMES = (
+    "scored", "masked", "replayed", "conflict", "superseded", "not_retained", "inconsistent",
+    "unavailable", "invalid", "error",
+)  # fmt: skip
+COMPARE_OUTCOMES = ("scored", "unavailable", "invalid", "error")
+ATTEMPT_OUTCOMES = (
+    "ok", "unusable", "budget_exhausted", "http_4xx", "http_408", "http_429", "http_5xx",
+    "transport", "timeout", "non_json", "cancelled",
+)  # fmt: skip
+COMPARISON_OUTCOMES = ("verdict", "default_fallback", "failed")
+DISPOSITIONS = (
+    ("completed", "none"),
+    ("partially_masked", "none"),
+    ("failed", "judge"),
+    ("failed", "cohort"),
+)
+
+
+def _counter(
+    name: str, doc: str, labels: tuple[str, ...], counts: Mapping[Any, int]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for values, count in counts.items():
+        family.add_metric(list(values), count)
+    return family
+
+
+def _by_one(counts: Mapping[str, int], known: Iterable[str]) -> dict[tuple[str], int]:
+    """Counts by one label, every known value present from the start (so rates exist at 0)."""
+    merged: dict[tuple[str], int] = {(label,): 0 for label in known}
+    for label, count in counts.items():
+        merged[(label,)] = count
+    return merged
+
+
+def _histogram(family: HistogramMetricFamily, labels: list[str], histogram: Histogram) -> None:
+    buckets = [
+        ("+Inf" if bound == float("inf") else repr(bound), count)
+        for bound, count in histogram.cumulative()
+    ]
+    family.add_metric(labels, buckets, histogram.sum)
+
+
+def _plain_histogram(name: str, doc: str, histogram: Histogram) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc)
+    _histogram(family, [], histogram)
+    return family
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+class EngineCollector(Collector):
+    """Reads one server instance's numbers at scrape time."""
+
+    def __init__(self, engine: Engine, spool: Spool, budget: SpoolBudget) -> None:
+        self.engine = engine
+        self.spool = spool
+        self.budget = budget
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self.engine
+        metrics = engine.metrics
+        judge = engine.judge
+        config = engine.config
+        registry = engine.registry
+        yield _counter(
+            "genrm_verify_requests",
+            "POST /verify requests answered, by outcome.",
+            ("outcome",),
+            _by_one(metrics.verify_requests, VERIFY_OUTCOMES),
+        )
+        yield _counter(
+            "genrm_compare_requests",
+            "POST /compare requests answered, by outcome.",
+            ("outcome",),
+            _by_one(metrics.compare_requests, COMPARE_OUTCOMES),
+        )
+        replicas = judge.replica_names
+        attempts = {
+            (config.judge_api, outcome, replica): 0
+            for replica in replicas
+            for outcome in ATTEMPT_OUTCOMES
+        }
+        for (replica, outcome), count in metrics.judge_attempts.items():
+            attempts[(config.judge_api, outcome, replica)] = count
+        yield _counter(
+            "genrm_judge_attempts",
+            "Judge HTTP attempts, by API, outcome and judge replica.",
+            ("api", "outcome", "replica"),
+            attempts,
+        )
+        yield _counter(
+            "genrm_judge_retries",
+            "Judge attempts retried, by the failed attempt's outcome and replica.",
+            ("replica", "reason"),
+            metrics.judge_retries,
+        )
+        duration = HistogramMetricFamily(
+            "genrm_judge_attempt_duration_seconds",
+            "Duration of one judge attempt, from holding its slot to its outcome, by replica.",
+            labels=("replica",),
+        )
+        for replica, histogram in metrics.attempt_seconds.items():
+            _histogram(duration, [replica], histogram)
+        yield duration
+        yield _plain_histogram(
+            "genrm_judge_slot_wait_seconds",
+            "Wait of one judge attempt for a concurrency slot (and a replica under its cap).",
+            metrics.slot_wait_seconds,
+        )
+        yield _gauge("genrm_judge_in_flight", "Judge attempts holding a slot now.", judge.in_flight)
+        yield _gauge(
+            "genrm_judge_slot_queue",
+            "Judge attempts waiting for a concurrency slot now.",
+            judge.slots.queue.waiting,
+        )
+        yield _gauge(
+            "genrm_judge_concurrency_limit",
+            "judge_max_concurrency: judge attempts allowed in flight at once.",
+            config.judge_max_concurrency,
+        )
+        yield from self._replicas()
+        yield _counter(
+            "genrm_comparisons",
+            "Comparisons ended, by outcome (a verdict, J-24's default verdict, or a failure).",
+            ("outcome",),
+            _by_one(metrics.comparisons, COMPARISON_OUTCOMES),
+        )
+        stats = engine.statistics()
+        active = GaugeMetricFamily(
+            "genrm_groups_active", "Groups not yet finished.", labels=["phase"]
+        )
+        active.add_metric(["collecting"], stats.collecting)
+        active.add_metric(["evaluating"], stats.evaluating)
+        yield active
+        finished = dict.fromkeys(DISPOSITIONS, 0)
+        finished.update(registry.finished)
+        yield _counter(
+            "genrm_groups_finished",
+            "Groups that reached a terminal state, by disposition and failure kind.",
+            ("disposition", "kind"),
+            finished,
+        )
+        yield CounterMetricFamily(
+            "genrm_rollouts_masked",
+            "Rollouts answered masked at their group's end (partial masking or a judge failure).",
+            value=registry.rollouts_masked,
+        )
+        yield _plain_histogram(
+            "genrm_group_collection_seconds",
+            "From a group's first member to its last.",
+            metrics.collection_seconds,
+        )
+        yield _plain_histogram(
+            "genrm_group_evaluation_seconds",
+            "From a group's last member to its end of judging.",
+            metrics.evaluation_seconds,
+        )
+        yield _gauge("genrm_retained_records", "Finished groups retained.", stats.retained_records)
+        yield _gauge("genrm_watermarks", "Group ids with an attempt watermark.", stats.watermarks)
+        yield _gauge("genrm_waiters", "/verify requests waiting for their group.", stats.waiters)
+        yield _gauge(
+            "genrm_waiting_body_memory_bytes",
+            "Bytes of waiting request bodies held in memory.",
+            self.budget.in_memory,
+        )
+        yield _gauge(
+            "genrm_waiting_bodies_spooled",
+            "Waiting request bodies held in spool files.",
+            self.spool.files,
+        )
+        yield _counter(
+            "genrm_pruned",
+            "Retained entries pruned, by index and reason.",
+            ("index", "reason"),
+            {
+                ("results", "ttl"): registry.terminal_index.expired,
+                ("results", "count"): registry.terminal_index.evicted,
+                ("watermarks", "ttl"): registry.idle_order.expired,
+                ("watermarks", "count"): registry.idle_order.evicted,
+            },
+        )
+        yield CounterMetricFamily(
+            "genrm_prune_visits",
+            "Retention index entries looked at while pruning (R-3).",
+            value=stats.prune_visits,
+        )
+        yield _plain_histogram(
+            "genrm_fingerprint_seconds",
+            "Time to compute one canonical response fingerprint.",
+            metrics.fingerprint_seconds,
+        )
+
+    def _replicas(self) -> Iterator[Metric]:
+        judge = self.engine.judge
+        metrics = judge.metrics
+        up = GaugeMetricFamily(
+            "genrm_judge_replica_up",
+            "1 while the judge replica is in service, 0 while it is ejected.",
+            labels=["replica"],
+        )
+        in_flight = GaugeMetricFamily(
+            "genrm_judge_replica_in_flight",
+            "Judge attempts in flight on the replica now.",
+            labels=["replica"],
+        )
+        ejections = CounterMetricFamily(
+            "genrm_judge_replica_ejections",
+            "Times the replica was ejected after repeated failures (or a failed probe).",
+            labels=["replica"],
+        )
+        for name, replica in zip(judge.replica_names, judge.balancer.replicas, strict=True):
+            up.add_metric([name], 1 if replica.in_service else 0)
+            in_flight.add_metric([name], replica.in_flight)
+            ejections.add_metric([name], metrics.replica_ejections.get(name, 0))
+        yield up
+        yield in_flight
+        yield ejections
+
+
+def metrics_registry(engine: Engine, spool: Spool, budget: SpoolBudget) -> CollectorRegistry:
+    """A registry of its own for one app (the library's global one is shared by the process)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector(engine, spool, budget))
+    return registry
+
+
+def render_metrics(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)
