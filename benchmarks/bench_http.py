@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -311,43 +311,62 @@ async def echo_round(kind: str, server: Child, in_flight: int, requests: int, to
     return result
 
 
-async def verify_round(
-    server: Child, judge: Child, in_flight: int, requests: int, tokens: int
-) -> Round:
+async def post_groups(
+    port: int,
+    connections: list[Connection],
+    groups_per_worker: int,
+    tokens: int,
+    label: str,
+    check: Callable[[int, int, bytes], None],
+) -> list[float]:
+    """Each 16 connections make a worker that posts `groups_per_worker` fresh groups one after
+    another, all 16 members of a group at once; `check(slot, status, reply)` sees every reply.
+    Returns the wall time of every group."""
     parts = [verify_body_parts(slot, tokens) for slot in range(GROUP_SIZE)]
-    workers = in_flight // GROUP_SIZE
-    groups_per_worker = requests // (workers * GROUP_SIZE)
-    connections = await open_connections(server.port, workers * GROUP_SIZE)
-    run = uuid.uuid4().hex[:8]
-    errors = 0
-    masked = 0
     latencies: list[float] = []
 
     async def post(connection: Connection, slot: int, group_id: bytes) -> None:
-        nonlocal errors, masked
         status, reply = await connection.post(
-            http_request("/verify", server.port, group_id.join(parts[slot]))
+            http_request("/verify", port, group_id.join(parts[slot]))
         )
-        if status != 200 or b'"reward":' not in reply:
-            errors += 1
-        elif b'"mask_sample":true' in reply:
-            masked += 1
+        check(slot, status, reply)
 
     async def worker(number: int, mine: list[Connection]) -> None:
         for k in range(groups_per_worker):
-            group_id = f"bench-{run}-{number}-{k}".encode()
+            group_id = f"{label}-{number}-{k}".encode()
             started = time.perf_counter()
             async with trio.open_nursery() as nursery:
                 for slot, connection in enumerate(mine):
                     nursery.start_soon(post, connection, slot, group_id)
             latencies.append(time.perf_counter() - started)
 
-    cpu_0, judge_0 = cpu_seconds(server.pid), cpu_seconds(judge.pid)
-    own_0, t_0 = own_cpu_seconds(), time.perf_counter()
     async with trio.open_nursery() as nursery:
-        for number in range(workers):
+        for number in range(len(connections) // GROUP_SIZE):
             mine = connections[number * GROUP_SIZE : (number + 1) * GROUP_SIZE]
             nursery.start_soon(worker, number, mine)
+    return latencies
+
+
+async def verify_round(
+    server: Child, judge: Child, in_flight: int, requests: int, tokens: int
+) -> Round:
+    workers = in_flight // GROUP_SIZE
+    groups_per_worker = requests // (workers * GROUP_SIZE)
+    connections = await open_connections(server.port, workers * GROUP_SIZE)
+    errors = 0
+    masked = 0
+
+    def check(slot: int, status: int, reply: bytes) -> None:
+        nonlocal errors, masked
+        if status != 200 or b'"reward":' not in reply:
+            errors += 1
+        elif b'"mask_sample":true' in reply:
+            masked += 1
+
+    cpu_0, judge_0 = cpu_seconds(server.pid), cpu_seconds(judge.pid)
+    own_0, t_0 = own_cpu_seconds(), time.perf_counter()
+    label = f"bench-{uuid.uuid4().hex[:8]}"
+    latencies = await post_groups(server.port, connections, groups_per_worker, tokens, label, check)
     wall = time.perf_counter() - t_0
     result = Round(
         "verify",

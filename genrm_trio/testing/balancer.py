@@ -6,6 +6,10 @@ with round-robin. A backend that refuses the connection is skipped for that conn
 killed process's share goes to the others until it is back on its port. It knows nothing about
 HTTP or groups: members of one group land on whichever process their connection reaches.
 
+It also counts *turns*: each time a client sends after its backend has answered (or sends for
+the first time). For a request/reply protocol that is the number of round trips, pipelined
+commands included as one, which is how the benchmarks count round trips to Redis.
+
 Run it as a process with
 ``python -m genrm_trio.testing.balancer --port 0 --backend 127.0.0.1:8001 --backend ...``;
 it prints ``balancer listening on http://127.0.0.1:<port>`` once it accepts connections.
@@ -16,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import trio
 
@@ -40,6 +44,7 @@ class RoundRobinBalancer:
         self.backends = list(backends)
         self.connections: Counter[Backend] = Counter()
         self.refused = 0
+        self.turns = 0
         self._next = 0
 
     async def _open_backend(self) -> trio.SocketStream | None:
@@ -61,9 +66,21 @@ class RoundRobinBalancer:
             self.refused += 1
             await client.aclose()
             return
+        answered = True
+
+        def client_sent() -> None:
+            nonlocal answered
+            if answered:
+                self.turns += 1
+                answered = False
+
+        def backend_sent() -> None:
+            nonlocal answered
+            answered = True
+
         async with client, backend, trio.open_nursery() as nursery:
-            nursery.start_soon(_relay, client, backend, nursery.cancel_scope)
-            nursery.start_soon(_relay, backend, client, nursery.cancel_scope)
+            nursery.start_soon(_relay, client, backend, nursery.cancel_scope, client_sent)
+            nursery.start_soon(_relay, backend, client, nursery.cancel_scope, backend_sent)
 
     async def serve(
         self,
@@ -81,11 +98,15 @@ class RoundRobinBalancer:
 
 
 async def _relay(
-    source: trio.SocketStream, sink: trio.SocketStream, scope: trio.CancelScope
+    source: trio.SocketStream,
+    sink: trio.SocketStream,
+    scope: trio.CancelScope,
+    on_data: Callable[[], None],
 ) -> None:
     """Copy `source` to `sink` until EOF, then half-close `sink`; any error ends both ways."""
     try:
         while data := await source.receive_some(RELAY_CHUNK):
+            on_data()
             await sink.send_all(data)
         await sink.send_eof()
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):

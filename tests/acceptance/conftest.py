@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import queue
+import resource
 import signal
 import socket
 import subprocess
@@ -209,6 +210,18 @@ class Cli:
     wait_until = staticmethod(wait_until)
     http_client = staticmethod(http_client)
     json_of = staticmethod(json_of)
+
+
+@pytest.fixture
+def many_files() -> Iterator[None]:
+    """The test process holds thousands of client sockets at once: raise its own soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 @pytest.fixture

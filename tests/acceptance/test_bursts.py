@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import resource
 import signal
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import trio
+
+from genrm_trio.testing.one_shot_http import post_json
 
 GROUP_SIZE = 16
 SAFETY_S = 60.0
@@ -49,22 +49,6 @@ def expected_reward(slot: int) -> float:
     return float(1 + slot % 5)
 
 
-async def post_verify(port: int, payload: bytes) -> tuple[int, dict[str, Any]]:
-    """One POST /verify on a fresh connection, read until the server closes it."""
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    async with stream:
-        head = (
-            b"POST /verify HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\nconnection: close\r\n\r\n" % len(payload)
-        )
-        await stream.send_all(head + payload)
-        chunks = []
-        while data := await stream.receive_some(65536):
-            chunks.append(data)
-    reply_head, _, reply_body = b"".join(chunks).partition(b"\r\n\r\n")
-    return int(reply_head.split(b" ", 2)[1]), json.loads(reply_body)
-
-
 async def post_all(
     port: int, payloads: list[tuple[str, int, bytes]]
 ) -> dict[tuple[str, int], tuple[int, dict[str, Any]]]:
@@ -72,25 +56,13 @@ async def post_all(
     replies: dict[tuple[str, int], tuple[int, dict[str, Any]]] = {}
 
     async def one(group: str, slot: int, payload: bytes) -> None:
-        replies[group, slot] = await post_verify(port, payload)
+        replies[group, slot] = await post_json(port, payload)
 
     with trio.fail_after(SAFETY_S):
         async with trio.open_nursery() as nursery:
             for group, slot, payload in payloads:
                 nursery.start_soon(one, group, slot, payload)
     return replies
-
-
-@pytest.fixture
-def many_files() -> Iterator[None]:
-    """The test process holds thousands of client sockets at once: raise its own soft limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def serve_sets(judge_url: str, *extra: str) -> list[str]:

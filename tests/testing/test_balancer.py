@@ -63,6 +63,33 @@ async def test_connections_go_to_the_backends_in_turn_and_bytes_flow_both_ways()
         nursery.cancel_scope.cancel()
 
 
+async def test_turns_count_each_request_after_a_reply_once() -> None:
+    """A client that sends, reads the reply, and sends again makes two turns per connection,
+    however its bytes are split; bytes sent before any reply (pipelining) are one turn."""
+
+    async def ping_pong(stream: trio.SocketStream) -> None:
+        while data := await stream.receive_some():
+            if data.endswith(b"."):
+                await stream.send_all(b"ok")
+
+    async with trio.open_nursery() as nursery:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        nursery.start_soon(trio.serve_listeners, ping_pong, listeners)
+        backend = ("127.0.0.1", listeners[0].socket.getsockname()[1])
+        async with running([backend]) as (balancer, port):
+            for _ in range(3):
+                stream = await trio.open_tcp_stream("127.0.0.1", port)
+                async with stream:
+                    for request in ([b"a", b"b."], [b"c."]):
+                        for piece in request:
+                            await stream.send_all(piece)
+                            await trio.sleep(0.01)
+                        assert await stream.receive_some() == b"ok"
+            await trio.sleep(0.05)
+            assert balancer.turns == 6
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_backend_that_refuses_is_skipped_and_none_left_closes_the_client() -> None:
     dead = free_loopback_port()
     async with trio.open_nursery() as nursery:
