@@ -10,6 +10,7 @@ Deadlines are the caller's cancel scopes.
 from __future__ import annotations
 
 import os
+import select
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -176,6 +177,17 @@ class Connection:
                 raise StoreUnavailable(_os_text(exc)) from exc
             raise
 
+    def closed_while_idle(self) -> bool:
+        """Whether an idle connection has something to read: a server never speaks unasked on
+        a request connection, so that is the end of the stream (it closed or restarted)."""
+        stream: Any = self._stream
+        while isinstance(stream, trio.SSLStream):
+            stream = stream.transport_stream
+        if not isinstance(stream, trio.SocketStream):
+            return False
+        readable, _, _ = select.select([stream.socket.fileno()], [], [], 0)
+        return bool(readable)
+
     async def aclose(self) -> None:
         self.broken = True
         with trio.CancelScope(shield=True):
@@ -231,7 +243,15 @@ class Client:
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:
         """A connection for this caller alone; back to the pool only if it stayed healthy."""
-        connection = self._idle.pop() if self._idle else await self.connect()
+        connection = None
+        while self._idle and connection is None:
+            connection = self._idle.pop()
+            if connection.closed_while_idle():
+                # Found before a command is sent on it, so nothing is lost by dropping it.
+                await connection.aclose()
+                connection = None
+        if connection is None:
+            connection = await self.connect()
         try:
             yield connection
         finally:
