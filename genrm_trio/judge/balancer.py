@@ -112,6 +112,9 @@ class Balancer:
 
     def _pick(self, key: str | None, now: float, avoid: int | None, may_probe: bool) -> Pick | None:
         replicas = self.replicas
+        if len(replicas) == 1:
+            # One judge, the common case: it is never ejected, so only its cap decides.
+            return Pick(0, False) if self._room(replicas[0]) else None
         if may_probe:
             for index, replica in enumerate(replicas):
                 if index != avoid and self._due_for_probe(replica, now) and self._room(replica):

@@ -145,6 +145,7 @@ class JudgeClient:
             cooldown_s=config.judge_replica_cooldown_s,
         )
         self._replica_freed = trio.Event()
+        self._waiting_for_replica = 0  # attempts waiting for a replica under its own cap
         self.metrics = metrics if metrics is not None else ServerMetrics()
         self._max_attempts = config.attempts_per_comparison
         self._max_output_tokens = max_output_tokens_text(config.genrm_responses_create_params)
@@ -318,7 +319,11 @@ class JudgeClient:
             balancer = self.balancer
             pick = balancer.choose(task.group_key, asked, avoid=previous, may_probe=may_probe)
             while pick is None:  # every replica that could take it is at its own cap
-                await self._replica_freed.wait()
+                self._waiting_for_replica += 1
+                try:
+                    await self._replica_freed.wait()
+                finally:
+                    self._waiting_for_replica -= 1
                 pick = balancer.choose(
                     task.group_key, trio.current_time(), avoid=previous, may_probe=may_probe
                 )
@@ -356,7 +361,7 @@ class JudgeClient:
                 label,
                 extra={"replica": name},
             )
-        if self._replica_freed.statistics().tasks_waiting:
+        if self._waiting_for_replica:
             freed, self._replica_freed = self._replica_freed, trio.Event()
             freed.set()
 
