@@ -194,6 +194,7 @@ class Client:
         self._idle: list[Connection] = []
         self._max_idle = max_idle
         self.round_trips = 0  # pipelines sent, for the benchmark's figures
+        self.in_use = 0  # connections lent out now: a test waits for 0 to know I/O is done
 
     async def connect(self) -> Connection:
         address = self.address
@@ -231,14 +232,18 @@ class Client:
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:
         """A connection for this caller alone; back to the pool only if it stayed healthy."""
-        connection = self._idle.pop() if self._idle else await self.connect()
+        self.in_use += 1
         try:
-            yield connection
+            connection = self._idle.pop() if self._idle else await self.connect()
+            try:
+                yield connection
+            finally:
+                if connection.broken or len(self._idle) >= self._max_idle:
+                    await connection.aclose()
+                else:
+                    self._idle.append(connection)
         finally:
-            if connection.broken or len(self._idle) >= self._max_idle:
-                await connection.aclose()
-            else:
-                self._idle.append(connection)
+            self.in_use -= 1
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         self.round_trips += 1

@@ -415,3 +415,42 @@ async def test_a_conversion_failure_answers_the_members_already_waiting(
             assert await send_all(pair) == {0: failed, 1: failed}
             assert await verify(b, member(2, 1, g=f"c{g}")) == failed
             assert a.statistics().waiters == 0 and b.statistics().waiters == 0
+
+
+@pytest.mark.parametrize("notifications", [True, False])
+async def test_a_supersession_at_another_engine_stops_the_owners_judge_calls(
+    shared_redis_server: RedisServer, notifications: bool
+) -> None:
+    # The owner never renews its lease, so only the record's end (its notification, or the
+    # sweep that polls for it) can tell it that its evaluation is stale (C-80).
+    judging = trio.Event()
+
+    async def stalled_judge(*_: Any) -> None:
+        judging.set()
+        await trio.sleep_forever()
+
+    async def never_renew(_: str) -> None:
+        await trio.sleep_forever()
+
+    owner_hooks = Hooks(on_comparison_start=stalled_judge, on_lease_renewal=never_renew)
+    async with shared_engines(
+        shared_redis_server.url,
+        hooks=[owner_hooks, None],
+        notifications=notifications,
+        poll_s=0.05,
+        cohort_evaluation_timeout_s=600,
+    ) as (a, b):
+        async with trio.open_nursery() as nursery:
+            old: list[Outcome] = []
+            nursery.start_soon(lambda: _append(old, verify(b, member(0))))
+            await wait_until(lambda: b.statistics().waiters == 1)
+            nursery.start_soon(lambda: _append(old, verify(a, member(1))))
+            await judging.wait()
+            assert a.statistics().evaluating == 1
+            new = await send_all([(b, member(0, 4, a=1)), (b, member(1, 2, a=1))])
+            await wait_until(lambda: len(old) == 2)
+            await wait_until(lambda: a.statistics().evaluating == 0)
+        assert old == [Rejected(503, SUPERSEDED)] * 2
+        assert rewards(new) == {0: 4.0, 1: 2.0}
+        assert a.published == 0 and a.refused == 0  # stopped, not refused after the fact
+        await check_store_invariants(a.store, a.config)
