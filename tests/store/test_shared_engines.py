@@ -125,6 +125,8 @@ async def test_a_stalled_owner_loses_its_lease_and_its_late_result_is_refused(
 ) -> None:
     judging = trio.Event()
     resume_judging = trio.Event()
+    taken_over = trio.Event()
+    b_may_judge = trio.Event()
 
     async def stalled_judge(*_: Any) -> None:
         judging.set()
@@ -133,27 +135,37 @@ async def test_a_stalled_owner_loses_its_lease_and_its_late_result_is_refused(
     async def never_renew(_: str) -> None:
         await trio.sleep_forever()
 
+    async def held_judge(*_: Any) -> None:
+        taken_over.set()
+        await b_may_judge.wait()
+
     judge = FakeJudge()
     owner_hooks = Hooks(on_comparison_start=stalled_judge, on_lease_renewal=never_renew)
     async with shared_engines(
-        shared_redis_server.url, judge=judge, hooks=[owner_hooks, None], lease_s=0.3
+        shared_redis_server.url,
+        judge=judge,
+        hooks=[owner_hooks, Hooks(on_comparison_start=held_judge)],
+        lease_s=0.3,
     ) as (a, b):
         async with trio.open_nursery() as nursery:
             waiting: list[Outcome] = []
             nursery.start_soon(lambda: _append(waiting, verify(b, member(0, 4))))
             await wait_until(lambda: b.statistics().waiters == 1)
             # The last member reaches engine a, which claims the evaluation and then stalls
-            # (neither judging nor renewing its lease); b takes over once the lease expires.
+            # (neither judging nor renewing its lease); b takes it over once the lease expires
+            # and holds it (judging, renewing) while a wakes up.
             nursery.start_soon(lambda: _append(waiting, verify(a, member(1, 2))))
             await judging.wait()
-            await wait_until(lambda: len(waiting) == 2)
-            resume_judging.set()  # a wakes up and finishes judging with a stale token
+            await taken_over.wait()
+            resume_judging.set()  # a finishes judging with a stale token
             await wait_until(lambda: a.statistics().evaluating == 0)
+            # a's sweep may have claimed the group once more before b did; every evaluation a
+            # ran was refused by the fence (C-72): the record is still b's.
+            assert a.refused == a.claims >= 1 and a.published == 0
+            assert not waiting
+            b_may_judge.set()
         assert sorted(o.reward for o in waiting) == [2.0, 4.0]  # type: ignore[union-attr]
-        # a's sweep may have claimed the group once more before b did; every evaluation a
-        # ran was refused by the fence, and only b's outcome was stored.
         assert b.published == 1 and a.published == 0
-        assert a.refused == a.claims >= 1
         assert judge.stats()["requests_total"] == 2 * (a.claims + b.claims)
         replay = await verify(a, member(0, 4))
         assert isinstance(replay, Scored) and replay.reward == 4.0
