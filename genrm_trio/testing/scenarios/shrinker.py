@@ -20,12 +20,13 @@ def shrink(
     via: Via = "engine",
     budget: int = 300,
     quiet: bool = True,
+    store_url: str | None = None,
 ) -> Scenario:
     """The shortest sub-list of steps found that still breaks `invariant` (greedy chunk removal)."""
 
     def fails(steps: list[Step]) -> bool:
         candidate = replace(scenario, steps=tuple(steps))
-        report = run_once(candidate, via, quiet)
+        report = run_once(candidate, via, quiet, store_url)
         return any(v.invariant == invariant for v in report.violations)
 
     steps = list(scenario.steps)
