@@ -133,3 +133,10 @@ def test_the_store_checks_catch_a_retention_cap_that_is_not_kept(
     report = play(shared_redis_server, steps)
     assert not report.ok
     assert report.violations[0].invariant in ("R-1", "I-21")
+
+
+def test_shared_mode_steps_change_nothing_in_memory() -> None:
+    steps = (Post((0,), "g", 0, 0, quality=4), Kill(0), Notify(0, "lost"), Post((1,), "g", 0, 1))
+    report = run_scenario(Scenario(seed=0, settings=SETTINGS, faults=(), steps=steps))
+    assert report.ok, report.reproduction()
+    assert report.counts["scored"] == 2 and report.counts["cancelled requests"] == 0

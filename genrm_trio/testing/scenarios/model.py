@@ -586,8 +586,8 @@ class Model:
     def kill(self, engine: int) -> None:
         """Shared mode: an engine dies. Its requests end (their connections drop), its judge
         calls are cancelled, and the groups it evaluated wait for their leases to expire."""
-        if self.closed:
-            return
+        if self.closed or self.shared_lease is None:
+            return  # one engine in memory: the step has nothing to kill
         for request in list(self.waiting):
             if self.routes.get(request) == engine:
                 self.disconnect(request)
