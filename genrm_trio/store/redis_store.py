@@ -210,10 +210,11 @@ class RedisGroupStore:
         watched = [self.record_key(ref)]
         if group_id is not None:
             watched.append(self.watermark_key(group_id))
+        fresh = False
         try:
             while True:
                 self.transactions += 1
-                async with self.client.connection() as connection:
+                async with self.client.connection(fresh=fresh) as connection:
                     self.client.round_trips += 2
                     reads: list[list[Arg]] = [["WATCH", *watched], ["GET", watched[0]]]
                     if group_id is not None:
@@ -222,7 +223,15 @@ class RedisGroupStore:
                         reads.append(["ZSCORE", self._legacy_done, legacy_key or ""])
                     if self.clock is None:
                         reads.append(["TIME"])
-                    replies = await connection.pipeline(reads)
+                    try:
+                        replies = await connection.pipeline(reads)
+                    except StoreUnavailable:
+                        if not connection.reused or fresh:
+                            raise
+                        # A pooled connection that outlived its server (a restart): the reads
+                        # wrote nothing, so the transaction starts again on a new connection.
+                        fresh = True
+                        continue
                     for reply in replies:
                         if isinstance(reply, ServerError):
                             raise reply

@@ -130,6 +130,7 @@ class Connection:
         self._stream = stream
         self._buffer = bytearray()
         self.broken = False
+        self.reused = False  # taken from the pool: it may have outlived its server
 
     async def _read_value(self) -> Any:
         while True:
@@ -230,11 +231,16 @@ class Client:
         return connection
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[Connection]:
-        """A connection for this caller alone; back to the pool only if it stayed healthy."""
+    async def connection(self, *, fresh: bool = False) -> AsyncIterator[Connection]:
+        """A connection for this caller alone; back to the pool only if it stayed healthy.
+        ``fresh`` opens a new one even if the pool has some."""
         self.in_use += 1
         try:
-            connection = self._idle.pop() if self._idle else await self.connect()
+            if self._idle and not fresh:
+                connection = self._idle.pop()
+                connection.reused = True
+            else:
+                connection = await self.connect()
             try:
                 yield connection
             finally:
@@ -246,14 +252,26 @@ class Client:
             self.in_use -= 1
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        """Send commands that only read (or may be repeated): a pooled connection that turns
+        out dead, as after a server restart, is replaced by a new one, once."""
         self.round_trips += 1
-        async with self.connection() as connection:
+        reused = False
+        try:
+            async with self.connection() as connection:
+                reused = connection.reused
+                return await connection.pipeline(commands)
+        except StoreUnavailable:
+            if not reused:
+                raise
+        async with self.connection(fresh=True) as connection:
             return await connection.pipeline(commands)
 
     async def call(self, *args: Arg) -> Any:
-        self.round_trips += 1
-        async with self.connection() as connection:
-            return await connection.call(*args)
+        """One command that only reads (or may be repeated), with the same retry."""
+        (reply,) = await self.pipeline([args])
+        if isinstance(reply, ServerError):
+            raise reply
+        return reply
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, []

@@ -300,6 +300,21 @@ async def test_a_waiter_is_answered_across_a_store_restart(redis_server: RedisSe
         assert [o.reward for o in waiting] == [4.0]  # type: ignore[union-attr]
 
 
+async def test_the_first_requests_after_a_store_restart_are_served(
+    redis_server: RedisServer,
+) -> None:
+    # No sweep runs in between (poll_s is long): the pooled connections, all to the old server
+    # process, are what these requests find first.
+    async with shared_engines(redis_server.url, poll_s=1000.0) as (a, b):
+        done = await send_all([(b, member(0, 4)), (b, member(1, 2))])
+        await verify(a, member(0, 4))  # a's pool has connections too
+        redis_server.kill()
+        redis_server.start()
+        for engine in (a, b, b):
+            assert await verify(engine, member(0, 4)) == done[0]
+        await check_store_invariants(a.store, a.config)
+
+
 async def test_every_process_lost_finished_work_replays_without_judging(
     redis_server: RedisServer,
 ) -> None:
