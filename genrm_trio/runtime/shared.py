@@ -86,6 +86,7 @@ class SharedEngine(Engine):
         self.claims = 0  # evaluations this process claimed (at the fill, or by taking over)
         self.published = 0  # outcomes it stored
         self.refused = 0  # results the fence refused: another claim had come since
+        self.subscribed = False  # the notification channel is followed right now
 
     # ---- lifetime ------------------------------------------------------------------------------
 
@@ -338,6 +339,7 @@ class SharedEngine(Engine):
                 continue
             try:
                 await connection.pipeline([["SUBSCRIBE", self.store.channel]])
+                self.subscribed = True
                 await self._poll_waiters()
                 while True:
                     message = await connection.receive()
@@ -349,8 +351,10 @@ class SharedEngine(Engine):
                                 for record in (await self.store.finished_records([rid])).values():
                                     self._ended_elsewhere(record)
             except (StoreUnavailable, StoreFailed):
+                self.subscribed = False
                 await trio.sleep(self.poll_s)
             finally:
+                self.subscribed = False
                 await connection.aclose()
 
     async def _poll_waiters(self) -> None:

@@ -1,10 +1,11 @@
 """The race harness on two engines sharing a real Redis store (SPEC §6, X-4): seeded scenarios
 with each post sent to the engine the seed picks, every invariant checked against the store after
 every step, and the faults of a shared deployment as steps: an engine killed while its group
-collects or while it evaluates, notifications lost or duplicated."""
+collects or while it evaluates, notifications lost or duplicated, Redis killed and restarted."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ from genrm_trio.testing.scenarios import (
     Kill,
     Notify,
     Post,
+    Release,
+    RestartStore,
     Scenario,
     ScenarioReport,
     Step,
@@ -29,11 +32,25 @@ from genrm_trio.testing.scenarios import (
 SETTINGS = {"num_rollouts_per_prompt": 2, "max_terminal_cohorts": 4}
 
 
+def restarter(server: RedisServer) -> Callable[[], None]:
+    def restart() -> None:
+        server.kill()
+        server.start()  # append-only file with appendfsync always: nothing is lost
+
+    return restart
+
+
 def play(
     server: RedisServer, steps: tuple[Step, ...], faults: tuple[Fault, ...] = ()
 ) -> ScenarioReport:
     scenario = Scenario(seed=0, settings=SETTINGS, faults=faults, steps=steps)
-    return run_scenario(scenario, via="shared", store_url=server.url, shrink_failures=False)
+    return run_scenario(
+        scenario,
+        via="shared",
+        store_url=server.url,
+        restart_store=restarter(server),
+        shrink_failures=False,
+    )
 
 
 def test_seed_zero_routes_as_these_scenarios_assume() -> None:
@@ -45,7 +62,12 @@ def test_seeded_scenarios_on_two_engines_sharing_redis(
     seed: int, shared_redis_server: RedisServer
 ) -> None:
     scenario = generate(seed, SHARED_SHAPE)
-    report = run_scenario(scenario, via="shared", store_url=shared_redis_server.url)
+    report = run_scenario(
+        scenario,
+        via="shared",
+        store_url=shared_redis_server.url,
+        restart_store=restarter(shared_redis_server),
+    )
     assert report.ok, report.reproduction()
     assert report.steps_run == len(scenario.steps)
     assert report.counts["scored"] > 0
@@ -100,6 +122,22 @@ def test_a_supersession_at_one_engine_stops_the_other_engines_judge_calls(
     )
     assert report.ok, report.reproduction()
     assert report.counts["503 superseded"] == 2
+
+
+def test_redis_restarted_while_a_group_is_judged(shared_redis_server: RedisServer) -> None:
+    report = play(
+        shared_redis_server,
+        (
+            Post((2,), "g", 0, 0, quality=4),  # waits at engine 0
+            Post((0,), "g", 0, 1, quality=2),  # engine 1 judges; (0, 1) is held
+            RestartStore(),  # every connection drops, engine 0's subscription too
+            Release("g", 0, (0, 1)),  # engine 1 stores the outcome on the restarted server
+            Post((5,), "g", 0, 0, quality=4),  # a replay at engine 0
+        ),
+        faults=(Fault("g", 0, (0, 1), "hold"),),
+    )
+    assert report.ok, report.reproduction()
+    assert report.counts["scored"] == 3
 
 
 @pytest.mark.parametrize("mode", ["lost", "duplicated"])

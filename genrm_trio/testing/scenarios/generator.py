@@ -20,6 +20,7 @@ from genrm_trio.testing.scenarios.steps import (
     Notify,
     Post,
     Release,
+    RestartStore,
     Scenario,
     Shutdown,
     Step,
@@ -61,13 +62,16 @@ class Shape:
     # Shared mode only (two engines on one store): engine kills and notification faults.
     kill_rate: float = 0.0
     notify_rate: float = 0.0
+    restart_rate: float = 0.0
 
 
 # AS-160: 100 groups x 3 attempts x 4 slots, 1-2 copies, 20% cancelled, 10% of comparisons
 # failing, cap 8; the last 40 groups are still in flight when the server shuts down.
 # Two engines sharing one Redis store: no early judging (it has no effect there), engines
 # killed now and then, and notifications lost or duplicated.
-SHARED_SHAPE = Shape(groups=8, early_judging=(False,), kill_rate=0.03, notify_rate=0.04)
+SHARED_SHAPE = Shape(
+    groups=8, early_judging=(False,), kill_rate=0.03, notify_rate=0.04, restart_rate=0.01
+)
 
 AS160_SHAPE = Shape(
     groups=100,
@@ -238,6 +242,9 @@ class _Generator:
                 continue
             if self.shape.notify_rate and rng.random() < self.shape.notify_rate:
                 steps.append(Notify(rng.randrange(ENGINES), rng.choice(NOTIFY_MODES)))
+                continue
+            if self.shape.restart_rate and rng.random() < self.shape.restart_rate:
+                steps.append(RestartStore())
                 continue
             script = rng.choice(open_scripts)
             steps.append(script.pop(0))

@@ -10,7 +10,7 @@ import random
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -49,6 +49,7 @@ from genrm_trio.testing.scenarios.steps import (
     Notify,
     Post,
     Release,
+    RestartStore,
     Scenario,
     Shutdown,
     Step,
@@ -322,11 +323,13 @@ class _Runner:
         via: Via,
         clock: trio.testing.MockClock,
         store_url: str | None = None,
+        restart_store: Callable[[], None] | None = None,
     ) -> None:
         self.scenario = scenario
         self.via = via
         self.clock = clock
         self.store_url = store_url
+        self.restart_store = restart_store
         self.config = scenario_config(scenario.settings)
         shared_lease = LEASE_S if via == "shared" else None
         self.model = Model(self.config, scenario.faults, shared_lease=shared_lease)
@@ -452,8 +455,12 @@ class _Runner:
                     return
                 continue
             for index in late:
-                if self.notify[index] == "lost":
-                    await shared.engines[index].sweep_once()
+                # Notifications lost on purpose, or while the engine is not subscribed (its
+                # subscription dropped with the store, and it waits a sweep interval to
+                # subscribe again).
+                engine = shared.engines[index]
+                if self.notify[index] == "lost" or not engine.subscribed:
+                    await engine.sweep_once()
             await trio.testing.wait_all_tasks_blocked(cushion=0.0005)
         raise RuntimeError(f"the store did not settle within {QUIESCE_LIMIT_S}s")
 
@@ -531,6 +538,11 @@ class _Runner:
         elif isinstance(step, Notify):
             if self.shared is not None:
                 self.notify[step.engine] = step.mode
+            await self._quiesce()
+        elif isinstance(step, RestartStore):
+            if self.shared is not None:
+                assert self.restart_store is not None, "a store restart needs restart_store"
+                self.restart_store()
             await self._quiesce()
         else:
             await self._quiesce()
@@ -752,10 +764,12 @@ async def play(
     *,
     via: Via = "engine",
     store_url: str | None = None,
+    restart_store: Callable[[], None] | None = None,
 ) -> ScenarioReport:
     """Play a scenario inside a running Trio loop whose clock is `clock` (no autojump);
-    `via="shared"` plays it on two engines sharing the Redis store at `store_url`."""
-    return await _Runner(scenario, via, clock, store_url).run()
+    `via="shared"` plays it on two engines sharing the Redis store at `store_url`, which
+    `restart_store` (if given) kills and starts again."""
+    return await _Runner(scenario, via, clock, store_url, restart_store).run()
 
 
 @contextmanager
@@ -771,7 +785,11 @@ def _quiet(enabled: bool) -> Iterator[None]:
 
 
 def run_once(
-    scenario: Scenario, via: Via, quiet: bool, store_url: str | None = None
+    scenario: Scenario,
+    via: Via,
+    quiet: bool,
+    store_url: str | None = None,
+    restart_store: Callable[[], None] | None = None,
 ) -> ScenarioReport:
     clock = trio.testing.MockClock()
     # Trio shuffles each batch of runnable tasks with this generator; seeding it makes a run
@@ -781,6 +799,11 @@ def run_once(
         scheduler.seed(scenario.seed)
     started = time.perf_counter()
     with _quiet(quiet):
-        report = trio.run(partial(play, scenario, clock, via=via, store_url=store_url), clock=clock)
+        report = trio.run(
+            partial(
+                play, scenario, clock, via=via, store_url=store_url, restart_store=restart_store
+            ),
+            clock=clock,
+        )
     report.seconds = time.perf_counter() - started
     return report

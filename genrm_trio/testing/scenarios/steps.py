@@ -103,10 +103,17 @@ class Notify:
     mode: str
 
 
+@dataclass(frozen=True)
+class RestartStore:
+    """Shared mode: Redis is killed (SIGKILL) and started again on its data (append-only file,
+    `appendfsync always`); every connection to it drops."""
+
+
 NOTIFY_MODES = ("lost", "duplicated", "delivered")
-Step = Post | Disconnect | Release | Advance | Shutdown | Kill | Notify
+Step = Post | Disconnect | Release | Advance | Shutdown | Kill | Notify | RestartStore
 _STEP_TYPES: dict[str, type[Any]] = {
-    cls.__name__: cls for cls in (Post, Disconnect, Release, Advance, Shutdown, Kill, Notify)
+    cls.__name__: cls
+    for cls in (Post, Disconnect, Release, Advance, Shutdown, Kill, Notify, RestartStore)
 }
 
 
@@ -176,6 +183,8 @@ def describe_step(step: Step) -> str:
         return f"kill engine {step.engine} (a fresh one takes its place)"
     if isinstance(step, Notify):
         return f"engine {step.engine}: notifications {step.mode}"
+    if isinstance(step, RestartStore):
+        return "Redis killed and started again"
     return "shutdown"
 
 
