@@ -19,6 +19,9 @@ class Hooks:
     on_evaluation_start: Callable[[str], Awaitable[None] | None] | None = None
     # Shared store only: before each renewal of an evaluation lease (a test can stall it).
     on_lease_renewal: Callable[[str], Awaitable[None] | None] | None = None
+    # Shared store only: how many times this process handles an outcome notification it
+    # received (0 loses it, 2 duplicates it); called with the finished record's id.
+    on_notification: Callable[[str], int] | None = None
 
 
 async def call_hook(hook: Callable[..., Any] | None, *args: Any) -> None:

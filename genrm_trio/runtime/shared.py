@@ -86,6 +86,7 @@ class SharedEngine(Engine):
         self.claims = 0  # evaluations this process claimed (at the fill, or by taking over)
         self.published = 0  # outcomes it stored
         self.refused = 0  # results the fence refused: another claim had come since
+        self.subscribed = False  # the notification channel is followed right now
 
     # ---- lifetime ------------------------------------------------------------------------------
 
@@ -338,35 +339,55 @@ class SharedEngine(Engine):
                 continue
             try:
                 await connection.pipeline([["SUBSCRIBE", self.store.channel]])
+                self.subscribed = True
                 await self._poll_waiters()
                 while True:
                     message = await connection.receive()
                     if isinstance(message, list) and message and message[0] == b"message":
                         rid = message[2].decode()
-                        if rid in self._waiting:
-                            for record in (await self.store.finished_records([rid])).values():
-                                self._deliver(record)
+                        copies = self.hooks.on_notification
+                        for _ in range(1 if copies is None else copies(rid)):
+                            if rid in self.watched_records():
+                                for record in (await self.store.finished_records([rid])).values():
+                                    self._ended_elsewhere(record)
             except (StoreUnavailable, StoreFailed):
+                self.subscribed = False
                 await trio.sleep(self.poll_s)
             finally:
+                self.subscribed = False
                 await connection.aclose()
 
     async def _poll_waiters(self) -> None:
-        for record in (await self.store.finished_records(list(self._waiting))).values():
-            self._deliver(record)
+        for record in (await self.store.finished_records(self.watched_records())).values():
+            self._ended_elsewhere(record)
+
+    def _ended_elsewhere(self, record: Record) -> None:
+        """A record ended in another process (or in a transaction whose reply this process
+        missed): answer its waiters here, and stop an evaluation of it that this process still
+        runs, as a supersession does in one process (C-80): its judge calls are cancelled at
+        once, not when its next lease renewal finds the record gone."""
+        self._deliver(record)
+        rid = _rid(record)
+        for (evaluated, _), scope in self._evaluations.items():
+            if evaluated == rid:
+                scope.cancel()
 
     async def _sweep(self) -> None:
         """Every poll interval: waiters' outcomes, expired collections, expired leases."""
         while True:
             await trio.sleep(self.poll_s)
             try:
-                await self._poll_waiters()
-                for ref in await self.store.due(self.store.due_set):
-                    self._after(await self.store.transact(ref, self._collection_expired))
-                for ref in await self.store.due(self.store.lease_set):
-                    self._after(await self.store.transact(ref, self._take_over))
+                await self.sweep_once()
             except StoreFailed as exc:
                 log.debug("GenRM group store sweep failed: %s", exc)
+
+    async def sweep_once(self) -> None:
+        """One sweep (a test harness on a mock clock runs them at the instants it chooses)."""
+        await self._poll_waiters()
+        for ref in await self.store.due(self.store.due_set):
+            self._after(await self.store.transact(ref, self._collection_expired))
+        for ref in await self.store.due(self.store.lease_set):
+            self._after(await self.store.transact(ref, self._take_over))
 
     @staticmethod
     def _collection_expired(tx: Transaction[Any]) -> None:
@@ -553,6 +574,15 @@ class SharedEngine(Engine):
             prune_visits=0,
         )
 
+    @property
+    def queued(self) -> int:
+        """Arrivals waiting for their group's next transaction (a test waits for 0)."""
+        return sum(len(batch) for batch in self._queued.values()) + len(self._queued)
+
+    def watched_records(self) -> list[str]:
+        """The ids of the records this process waits on or evaluates: their end concerns it."""
+        return list({*self._waiting, *(rid for rid, _ in self._evaluations)})
+
     def check_invariants(self) -> None:
         if self._shutdown_done.is_set() and (self._owned_tasks or self._waiting):
             raise AssertionError("owned tasks or waiters left after shutdown")
@@ -610,16 +640,23 @@ async def check_store_invariants(store: RedisGroupStore, config: Config) -> Grou
             data = await store.call("GET", key)
             if data is not None:
                 marks[name[2:]] = data
-    for record in records.values():
-        registry.adopt(record)
-    for group_id, data in marks.items():
-        mark, idle_since = decode_watermark(data)
-        registry.adopt(None, (group_id, mark, idle_since))
-    registry.check_invariants()
-    # Entries whose TTL has passed stand for keys Redis already expired; the next trim drops
-    # them, so they are not counted here.
+    # Keys whose TTL has passed by the store's clock are gone for every reader: Redis expired
+    # them, or, with a clock of the store's own, the next transaction that reads them prunes
+    # them. They are not counted here, nor are the sorted-set entries that stand for them.
     now = await store.time()
     ttl = config.cohort_result_ttl_s
+
+    def expired(stamped: float | None) -> bool:
+        return ttl is not None and stamped is not None and now - stamped >= ttl
+
+    for record in records.values():
+        if not expired(record.terminal_time):
+            registry.adopt(record)
+    for group_id, data in marks.items():
+        mark, idle_since = decode_watermark(data)
+        if not expired(idle_since):
+            registry.adopt(None, (group_id, mark, idle_since))
+    registry.check_invariants()
 
     async def live(name: str) -> set[str]:
         flat = await store.call("ZRANGE", f"{store.prefix}{name}", 0, -1, "WITHSCORES")
@@ -627,6 +664,7 @@ async def check_store_invariants(store: RedisGroupStore, config: Config) -> Grou
         return {m.decode() for m, score in pairs if ttl is None or now - float(score) < ttl}
 
     expected = {ref for ref, r in records.items() if not r.phase.active}
+    expected = {ref for ref in expected if not expired(records[ref].terminal_time)}
     terminal = await live("terminal")
     if terminal != expected:
         raise AssertionError(f"terminal set {sorted(terminal)} != records {sorted(expected)}")

@@ -9,7 +9,8 @@ transaction runs again on the new state. The rules of SPEC §5 therefore live on
 ``core/groups.py``; this module knows keys, clocks and retention bookkeeping.
 
 Every time is the store's clock (``TIME``), so deadlines written by one process mean the same
-to every other.
+to every other. A test harness may give the store a clock of its own (``clock``): every time it
+stores, and every deadline it looks up, then comes from that clock instead.
 """
 
 from __future__ import annotations
@@ -73,8 +74,13 @@ return 0
 
 
 _DUE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local now
+if ARGV[2] then
+  now = tonumber(ARGV[2])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
 return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 """
 
@@ -119,8 +125,18 @@ class Transaction(Generic[T]):
 class RedisGroupStore:
     """Groups of one deployment (one key prefix) in one Redis/Valkey database."""
 
-    def __init__(self, config: Config, address: StoreAddress, prefix: str, lease_s: float) -> None:
+    def __init__(
+        self,
+        config: Config,
+        address: StoreAddress,
+        prefix: str,
+        lease_s: float,
+        *,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self.config = config
+        # None: the store's own clock (TIME). A harness on a mock clock passes its own.
+        self.clock = clock
         self.address = address
         self.name = address.public()
         self.prefix = prefix
@@ -194,25 +210,39 @@ class RedisGroupStore:
         watched = [self.record_key(ref)]
         if group_id is not None:
             watched.append(self.watermark_key(group_id))
+        fresh = False
         try:
             while True:
                 self.transactions += 1
-                async with self.client.connection() as connection:
+                async with self.client.connection(fresh=fresh) as connection:
                     self.client.round_trips += 2
-                    reads: list[list[Arg]] = [["WATCH", *watched], ["TIME"], ["GET", watched[0]]]
+                    reads: list[list[Arg]] = [["WATCH", *watched], ["GET", watched[0]]]
                     if group_id is not None:
                         reads.append(["GET", watched[1]])
                     else:
                         reads.append(["ZSCORE", self._legacy_done, legacy_key or ""])
-                    replies = await connection.pipeline(reads)
+                    if self.clock is None:
+                        reads.append(["TIME"])
+                    try:
+                        replies = await connection.pipeline(reads)
+                    except StoreUnavailable:
+                        if not connection.reused or fresh:
+                            raise
+                        # A pooled connection that outlived its server (a restart): the reads
+                        # wrote nothing, so the transaction starts again on a new connection.
+                        fresh = True
+                        continue
                     for reply in replies:
                         if isinstance(reply, ServerError):
                             raise reply
-                    seconds, micros = replies[1]
-                    now = int(seconds) + int(micros) / 1e6
+                    if self.clock is None:
+                        seconds, micros = replies[3]
+                        now = int(seconds) + int(micros) / 1e6
+                    else:
+                        now = self.clock()
                     try:
                         tx, writes = self._run_step(
-                            ref, group_id, legacy_key, replies[2], replies[3], now, step
+                            ref, group_id, legacy_key, replies[1], replies[2], now, step
                         )
                     except BaseException:
                         connection.broken = True  # still WATCHing: never hand it on
@@ -412,7 +442,10 @@ class RedisGroupStore:
 
     async def due(self, sorted_set: str, limit: int = 256) -> list[str]:
         """Groups whose collection deadline or evaluation lease has passed (store clock)."""
-        members = await self.call("EVAL", _DUE, 1, sorted_set, limit)
+        args: list[Arg] = ["EVAL", _DUE, 1, sorted_set, limit]
+        if self.clock is not None:
+            args.append(repr(self.clock()))
+        members = await self.call(*args)
         return [member.decode() for member in members]
 
     async def counts(self) -> dict[str, int]:
@@ -431,6 +464,8 @@ class RedisGroupStore:
         return {"active_groups": active, "retained_records": retained, "watermarks": idle + active}
 
     async def time(self) -> float:
+        if self.clock is not None:
+            return self.clock()
         seconds, micros = await self.call("TIME")
         return int(seconds) + int(micros) / 1e6
 

@@ -131,6 +131,7 @@ class Connection:
         self._stream = stream
         self._buffer = bytearray()
         self.broken = False
+        self.reused = False  # taken from the pool: it may have outlived its server
 
     async def _read_value(self) -> Any:
         while True:
@@ -206,6 +207,7 @@ class Client:
         self._idle: list[Connection] = []
         self._max_idle = max_idle
         self.round_trips = 0  # pipelines sent, for the benchmark's figures
+        self.in_use = 0  # connections lent out now: a test waits for 0 to know I/O is done
 
     async def connect(self) -> Connection:
         address = self.address
@@ -241,34 +243,53 @@ class Client:
         return connection
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[Connection]:
-        """A connection for this caller alone; back to the pool only if it stayed healthy."""
-        connection = None
-        while self._idle and connection is None:
-            connection = self._idle.pop()
-            if connection.closed_while_idle():
-                # Found before a command is sent on it, so nothing is lost by dropping it.
-                await connection.aclose()
-                connection = None
-        if connection is None:
-            connection = await self.connect()
+    async def connection(self, *, fresh: bool = False) -> AsyncIterator[Connection]:
+        """A connection for this caller alone; back to the pool only if it stayed healthy.
+        ``fresh`` opens a new one even if the pool has some."""
+        self.in_use += 1
         try:
-            yield connection
-        finally:
-            if connection.broken or len(self._idle) >= self._max_idle:
-                await connection.aclose()
+            connection = None
+            while self._idle and not fresh and connection is None:
+                connection = self._idle.pop()
+                if connection.closed_while_idle():
+                    # Found before a command is sent on it, so nothing is lost by dropping it.
+                    await connection.aclose()
+                    connection = None
+            if connection is None:
+                connection = await self.connect()
             else:
-                self._idle.append(connection)
+                connection.reused = True
+            try:
+                yield connection
+            finally:
+                if connection.broken or len(self._idle) >= self._max_idle:
+                    await connection.aclose()
+                else:
+                    self._idle.append(connection)
+        finally:
+            self.in_use -= 1
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        """Send commands that only read (or may be repeated): a pooled connection that turns
+        out dead, as after a server restart, is replaced by a new one, once."""
         self.round_trips += 1
-        async with self.connection() as connection:
+        reused = False
+        try:
+            async with self.connection() as connection:
+                reused = connection.reused
+                return await connection.pipeline(commands)
+        except StoreUnavailable:
+            if not reused:
+                raise
+        async with self.connection(fresh=True) as connection:
             return await connection.pipeline(commands)
 
     async def call(self, *args: Arg) -> Any:
-        self.round_trips += 1
-        async with self.connection() as connection:
-            return await connection.call(*args)
+        """One command that only reads (or may be repeated), with the same retry."""
+        (reply,) = await self.pipeline([args])
+        if isinstance(reply, ServerError):
+            raise reply
+        return reply
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, []

@@ -125,6 +125,8 @@ async def test_a_stalled_owner_loses_its_lease_and_its_late_result_is_refused(
 ) -> None:
     judging = trio.Event()
     resume_judging = trio.Event()
+    taken_over = trio.Event()
+    b_may_judge = trio.Event()
 
     async def stalled_judge(*_: Any) -> None:
         judging.set()
@@ -133,27 +135,37 @@ async def test_a_stalled_owner_loses_its_lease_and_its_late_result_is_refused(
     async def never_renew(_: str) -> None:
         await trio.sleep_forever()
 
+    async def held_judge(*_: Any) -> None:
+        taken_over.set()
+        await b_may_judge.wait()
+
     judge = FakeJudge()
     owner_hooks = Hooks(on_comparison_start=stalled_judge, on_lease_renewal=never_renew)
     async with shared_engines(
-        shared_redis_server.url, judge=judge, hooks=[owner_hooks, None], lease_s=0.3
+        shared_redis_server.url,
+        judge=judge,
+        hooks=[owner_hooks, Hooks(on_comparison_start=held_judge)],
+        lease_s=0.3,
     ) as (a, b):
         async with trio.open_nursery() as nursery:
             waiting: list[Outcome] = []
             nursery.start_soon(lambda: _append(waiting, verify(b, member(0, 4))))
             await wait_until(lambda: b.statistics().waiters == 1)
             # The last member reaches engine a, which claims the evaluation and then stalls
-            # (neither judging nor renewing its lease); b takes over once the lease expires.
+            # (neither judging nor renewing its lease); b takes it over once the lease expires
+            # and holds it (judging, renewing) while a wakes up.
             nursery.start_soon(lambda: _append(waiting, verify(a, member(1, 2))))
             await judging.wait()
-            await wait_until(lambda: len(waiting) == 2)
-            resume_judging.set()  # a wakes up and finishes judging with a stale token
+            await taken_over.wait()
+            resume_judging.set()  # a finishes judging with a stale token
             await wait_until(lambda: a.statistics().evaluating == 0)
+            # a's sweep may have claimed the group once more before b did; every evaluation a
+            # ran was refused by the fence (C-72): the record is still b's.
+            assert a.refused == a.claims >= 1 and a.published == 0
+            assert not waiting
+            b_may_judge.set()
         assert sorted(o.reward for o in waiting) == [2.0, 4.0]  # type: ignore[union-attr]
-        # a's sweep may have claimed the group once more before b did; every evaluation a
-        # ran was refused by the fence, and only b's outcome was stored.
         assert b.published == 1 and a.published == 0
-        assert a.refused == a.claims >= 1
         assert judge.stats()["requests_total"] == 2 * (a.claims + b.claims)
         replay = await verify(a, member(0, 4))
         assert isinstance(replay, Scored) and replay.reward == 4.0
@@ -288,6 +300,21 @@ async def test_a_waiter_is_answered_across_a_store_restart(redis_server: RedisSe
         assert [o.reward for o in waiting] == [4.0]  # type: ignore[union-attr]
 
 
+async def test_the_first_requests_after_a_store_restart_are_served(
+    redis_server: RedisServer,
+) -> None:
+    # No sweep runs in between (poll_s is long): the pooled connections, all to the old server
+    # process, are what these requests find first.
+    async with shared_engines(redis_server.url, poll_s=1000.0) as (a, b):
+        done = await send_all([(b, member(0, 4)), (b, member(1, 2))])
+        await verify(a, member(0, 4))  # a's pool has connections too
+        redis_server.kill()
+        redis_server.start()
+        for engine in (a, b, b):
+            assert await verify(engine, member(0, 4)) == done[0]
+        await check_store_invariants(a.store, a.config)
+
+
 async def test_every_process_lost_finished_work_replays_without_judging(
     redis_server: RedisServer,
 ) -> None:
@@ -415,3 +442,42 @@ async def test_a_conversion_failure_answers_the_members_already_waiting(
             assert await send_all(pair) == {0: failed, 1: failed}
             assert await verify(b, member(2, 1, g=f"c{g}")) == failed
             assert a.statistics().waiters == 0 and b.statistics().waiters == 0
+
+
+@pytest.mark.parametrize("notifications", [True, False])
+async def test_a_supersession_at_another_engine_stops_the_owners_judge_calls(
+    shared_redis_server: RedisServer, notifications: bool
+) -> None:
+    # The owner never renews its lease, so only the record's end (its notification, or the
+    # sweep that polls for it) can tell it that its evaluation is stale (C-80).
+    judging = trio.Event()
+
+    async def stalled_judge(*_: Any) -> None:
+        judging.set()
+        await trio.sleep_forever()
+
+    async def never_renew(_: str) -> None:
+        await trio.sleep_forever()
+
+    owner_hooks = Hooks(on_comparison_start=stalled_judge, on_lease_renewal=never_renew)
+    async with shared_engines(
+        shared_redis_server.url,
+        hooks=[owner_hooks, None],
+        notifications=notifications,
+        poll_s=0.05,
+        cohort_evaluation_timeout_s=600,
+    ) as (a, b):
+        async with trio.open_nursery() as nursery:
+            old: list[Outcome] = []
+            nursery.start_soon(lambda: _append(old, verify(b, member(0))))
+            await wait_until(lambda: b.statistics().waiters == 1)
+            nursery.start_soon(lambda: _append(old, verify(a, member(1))))
+            await judging.wait()
+            assert a.statistics().evaluating == 1
+            new = await send_all([(b, member(0, 4, a=1)), (b, member(1, 2, a=1))])
+            await wait_until(lambda: len(old) == 2)
+            await wait_until(lambda: a.statistics().evaluating == 0)
+        assert old == [Rejected(503, SUPERSEDED)] * 2
+        assert rewards(new) == {0: 4.0, 1: 2.0}
+        assert a.published == 0 and a.refused == 0  # stopped, not refused after the fact
+        await check_store_invariants(a.store, a.config)

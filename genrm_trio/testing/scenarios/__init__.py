@@ -28,7 +28,7 @@ Modules: `steps` (what a scenario is made of), `generator`, `model`, `runner` (d
 step runner), `shrinker`, and `runs` (`run_scenario` and `run_seeds`).
 """
 
-from genrm_trio.testing.scenarios.generator import AS160_SHAPE, Shape, generate
+from genrm_trio.testing.scenarios.generator import AS160_SHAPE, SHARED_SHAPE, Shape, generate
 from genrm_trio.testing.scenarios.runner import ScenarioReport, play
 from genrm_trio.testing.scenarios.runs import run_scenario, run_seeds
 from genrm_trio.testing.scenarios.shrinker import shrink
@@ -36,27 +36,36 @@ from genrm_trio.testing.scenarios.steps import (
     Advance,
     Disconnect,
     Fault,
+    Kill,
+    Notify,
     Post,
     Release,
+    RestartStore,
     Scenario,
     Shutdown,
     Step,
     Via,
+    engine_for,
 )
 
 __all__ = [
     "AS160_SHAPE",
+    "SHARED_SHAPE",
     "Advance",
     "Disconnect",
     "Fault",
+    "Kill",
+    "Notify",
     "Post",
     "Release",
+    "RestartStore",
     "Scenario",
     "ScenarioReport",
     "Shape",
     "Shutdown",
     "Step",
     "Via",
+    "engine_for",
     "generate",
     "play",
     "run_scenario",

@@ -9,13 +9,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from genrm_trio.testing.scenarios.steps import (
+    ENGINES,
     FAULT_KINDS,
+    NOTIFY_MODES,
     RELEASE_ACTIONS,
     Advance,
     Disconnect,
     Fault,
+    Kill,
+    Notify,
     Post,
     Release,
+    RestartStore,
     Scenario,
     Shutdown,
     Step,
@@ -54,10 +59,20 @@ class Shape:
     advance_rate: float = 0.06
     in_flight_at_shutdown: int = 0
     shutdown: bool = True
+    # Shared mode only (two engines on one store): engine kills and notification faults.
+    kill_rate: float = 0.0
+    notify_rate: float = 0.0
+    restart_rate: float = 0.0
 
 
 # AS-160: 100 groups x 3 attempts x 4 slots, 1-2 copies, 20% cancelled, 10% of comparisons
 # failing, cap 8; the last 40 groups are still in flight when the server shuts down.
+# Two engines sharing one Redis store: no early judging (it has no effect there), engines
+# killed now and then, and notifications lost or duplicated.
+SHARED_SHAPE = Shape(
+    groups=8, early_judging=(False,), kill_rate=0.03, notify_rate=0.04, restart_rate=0.01
+)
+
 AS160_SHAPE = Shape(
     groups=100,
     attempts=(3, 3),
@@ -220,6 +235,16 @@ class _Generator:
                 open_scripts.append(pending.pop())
             if clock and rng.random() < self.shape.advance_rate:
                 steps.append(Advance(rng.choice(_ADVANCES)))
+                continue
+            # Drawn only when asked for, so that other shapes keep their scenarios.
+            if self.shape.kill_rate and rng.random() < self.shape.kill_rate:
+                steps.append(Kill(rng.randrange(ENGINES)))
+                continue
+            if self.shape.notify_rate and rng.random() < self.shape.notify_rate:
+                steps.append(Notify(rng.randrange(ENGINES), rng.choice(NOTIFY_MODES)))
+                continue
+            if self.shape.restart_rate and rng.random() < self.shape.restart_rate:
+                steps.append(RestartStore())
                 continue
             script = rng.choice(open_scripts)
             steps.append(script.pop(0))

@@ -67,6 +67,8 @@ class _Record:
     comparisons: list[_Comparison] = field(default_factory=list)
     evaluation_started: float = math.inf
     failure: Expected | None = None
+    owner: int | None = None  # shared mode: the engine that claimed the evaluation
+    orphaned: bool = False  # shared mode: its owner died; the group waits for its lease
 
     @property
     def active(self) -> bool:
@@ -76,7 +78,14 @@ class _Record:
 class Model:
     """SPEC §5 and §3.3 written out again, small and slow, for the answers a run must give."""
 
-    def __init__(self, config: Config, faults: Iterable[Fault]) -> None:
+    def __init__(
+        self, config: Config, faults: Iterable[Fault], *, shared_lease: float | None = None
+    ) -> None:
+        # Shared mode (engines on one store, `shared_lease` their lease): a shutdown or a
+        # killed engine fails no group; a dead owner's evaluation ends when its lease expires.
+        self.shared_lease = shared_lease
+        self.engine = 0  # the engine the current post was sent to
+        self.routes: dict[int, int] = {}  # request -> engine (shared mode)
         self.size = config.num_rollouts_per_prompt
         self.early = config.early_judging
         self.ttl = config.cohort_result_ttl_s
@@ -123,6 +132,8 @@ class Model:
     def deadlines(self) -> dict[float, _Record]:
         """Every instant at which something will happen on its own, and to which record."""
         found: dict[float, _Record] = {}
+        if self.closed and self.shared_lease is not None:
+            return found  # no engine is left to sweep the store
         for record in self.active.values():
             ends = self._end_of_phase(record)
             found[ends] = record
@@ -134,6 +145,10 @@ class Model:
     def _end_of_phase(self, record: _Record) -> float:
         if record.phase == "collecting":
             return record.started_at + COLLECTION_TIMEOUT
+        if record.orphaned:
+            # The first sweep after the lease expired fails it: the deadline has passed.
+            assert self.shared_lease is not None
+            return record.evaluation_started + self.shared_lease
         return record.evaluation_started + EVALUATION_TIMEOUT
 
     def collides(self, now: float) -> bool:
@@ -145,7 +160,14 @@ class Model:
         taken = set(self.deadlines())
         for record in self.active.values():
             taken.update(c.deadline for c in record.comparisons if c.state in ("held", "hang"))
-        offsets = (0.0, COLLECTION_TIMEOUT, EVALUATION_TIMEOUT, self.request_timeout)
+        offsets: tuple[float, ...] = (
+            0.0,
+            COLLECTION_TIMEOUT,
+            EVALUATION_TIMEOUT,
+            self.request_timeout,
+        )
+        if self.shared_lease is not None:
+            offsets += (self.shared_lease,)
         return any(now + offset in taken for offset in offsets)
 
     def expire(self, now: float) -> None:
@@ -155,6 +177,13 @@ class Model:
         if now == self._end_of_phase(record) and record.phase == "collecting":
             text = messages.not_collected(record.key, self.size, COLLECTION_TIMEOUT)
             self._fail(record, "cohort", text, now)
+            return
+        if now == self._end_of_phase(record) and record.orphaned:
+            # Taken over by a sweep with the deadline passed: nothing of the dead owner's
+            # judging was stored, so no comparison counts as finished or failed.
+            text = messages.evaluation_deadline(EVALUATION_TIMEOUT, 0, len(record.comparisons), 0)
+            self.counts["groups failed after their lease expired"] += 1
+            self._fail(record, "judge", text, now)
             return
         if now == self._end_of_phase(record):
             done = [c for c in record.comparisons if c.state == "done"]
@@ -175,9 +204,11 @@ class Model:
 
     # -- arrivals (C-40 … C-44) ---------------------------------------------------------
 
-    def post(self, post: Post, now: float) -> None:
+    def post(self, post: Post, now: float, engine: int = 0) -> None:
+        self.engine = engine
         starts: list[_Record] = []
         for request in post.requests:
+            self.routes[request] = engine
             self._arrive(post, request, now, starts)
         for record in starts:
             self._start_ready(record, now)
@@ -286,6 +317,7 @@ class Model:
         if len(record.members) == self.size:
             record.phase = "evaluating"
             record.evaluation_started = now
+            record.owner = self.engine
             starts.append(record)
         elif self.early:
             starts.append(record)
@@ -551,8 +583,40 @@ class Model:
     def _expired(self, now: float, stamped: float, entries: int) -> bool:
         return (self.ttl is not None and now - stamped >= self.ttl) or entries > self.cap
 
+    def kill(self, engine: int) -> None:
+        """Shared mode: an engine dies. Its requests end (their connections drop), its judge
+        calls are cancelled, and the groups it evaluated wait for their leases to expire."""
+        if self.closed or self.shared_lease is None:
+            return  # one engine in memory: the step has nothing to kill
+        for request in list(self.waiting):
+            if self.routes.get(request) == engine:
+                self.disconnect(request)
+        self._orphan_evaluations(engine)
+
+    def _orphan_evaluations(self, engine: int) -> None:
+        for record in self.active.values():
+            if record.phase == "evaluating" and record.owner == engine and not record.orphaned:
+                record.orphaned = True
+                self.counts["evaluations left by their owner"] += 1
+                for comparison in record.comparisons:
+                    if comparison.state in ("held", "hang", "running"):
+                        comparison.state = "cancelled"
+
     def shutdown(self, now: float) -> None:
         if self.closed:
+            return
+        if self.shared_lease is not None:
+            # Every engine shuts down: waiters are answered, evaluations stop, and the groups
+            # stay in the store for the processes that may still serve them.
+            for engine in {r.owner for r in self.active.values()} | set(self.routes.values()):
+                if engine is not None:
+                    self._orphan_evaluations(engine)
+            shutting_down = Expected("rejected", 503, messages.SHUTTING_DOWN)
+            for request in list(self.waiting):
+                record, slot = self.waiting.pop(request)
+                record.members[slot].waiters.remove(request)
+                self._answer(request, shutting_down)
+            self.closed = True
             return
         self.closed = True
         for record in list(self.active.values()):
@@ -562,6 +626,20 @@ class Model:
         self.watermarks.clear()
         self.terminal.clear()
         self.idle.clear()
+
+    def retained(self, now: float) -> tuple[dict[str, int], list[str], list[str]]:
+        """Watermarks (group -> attempt), the idle order and the terminal index as a prune at
+        `now` would leave them: what a shared store, which trims after every write and whose
+        readers ignore what has expired, holds at `now`."""
+        terminal = list(self.terminal.values())
+        while terminal and self._expired(now, terminal[0][0], len(terminal)):
+            terminal.pop(0)
+        idle = list(self.idle.items())
+        dropped = set()
+        while idle and self._expired(now, idle[0][1], len(idle)):
+            dropped.add(idle.pop(0)[0])
+        marks = {gid: mark[0] for gid, mark in self.watermarks.items() if gid not in dropped}
+        return marks, [gid for gid, _ in idle], [record.key for _, record in terminal]
 
     # -- what statistics() must say -------------------------------------------------------
 

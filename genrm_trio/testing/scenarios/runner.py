@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import random
 import time
+import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -19,42 +21,56 @@ import trio
 import trio.testing
 
 from genrm_trio.config import Config
-from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
+from genrm_trio.core.groups import GroupRegistry, Masked, Outcome, Rejected, Scored
 from genrm_trio.http.bodies import METRIC_KEYS
 from genrm_trio.http.parsing import parse_verify_body
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
+from genrm_trio.runtime.shared import SharedEngine, check_store_invariants
+from genrm_trio.store.redis_store import RedisGroupStore
+from genrm_trio.store.resp import StoreAddress
 from genrm_trio.testing import invariants
 from genrm_trio.testing.controlled_judge import ControlledJudge
 from genrm_trio.testing.fixtures import GenRMServer, serve
 from genrm_trio.testing.harness import Reply
 from genrm_trio.testing.instrument import CriticalSectionInstrument
-from genrm_trio.testing.invariants import Seen, Violation
+from genrm_trio.testing.invariants import Seen, Violation, _registry_label
 from genrm_trio.testing.scenarios.model import Model
 from genrm_trio.testing.scenarios.steps import (
     CONVERSION_FAULT,
+    ENGINES,
+    LEASE_S,
+    STORE_EPOCH,
     TICK,
     Advance,
     Disconnect,
     Fault,
+    Kill,
+    Notify,
     Post,
     Release,
+    RestartStore,
     Scenario,
     Shutdown,
     Step,
     Via,
     describe_step,
+    engine_for,
     request_body,
     scenario_config,
 )
+
+# Only guards against a store that never settles; no run comes near it.
+QUIESCE_LIMIT_S = 60.0
 
 # ---- drivers: how a run reaches the server ------------------------------------------------------
 
 
 class _Driver(Protocol):
-    engine: Engine
+    @property
+    def engine(self) -> Engine: ...
 
-    async def verify(self, body: dict[str, Any]) -> Seen: ...
+    async def verify(self, body: dict[str, Any], engine: int = 0) -> Seen: ...
 
     async def shutdown(self) -> None: ...
 
@@ -84,7 +100,7 @@ class _EngineDriver:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    async def verify(self, body: dict[str, Any]) -> Seen:
+    async def verify(self, body: dict[str, Any], engine: int = 0) -> Seen:
         parsed = parse_verify_body(msgspec.json.encode(body), self.engine.config)
         return seen_outcome(await self.engine.verify(parsed))
 
@@ -99,17 +115,129 @@ class _HttpDriver:
         self.server = server
         self.engine = server.engine
 
-    async def verify(self, body: dict[str, Any]) -> Seen:
+    async def verify(self, body: dict[str, Any], engine: int = 0) -> Seen:
         return seen_reply(await self.server.verify(body))
 
     async def shutdown(self) -> None:
         await self.engine.shutdown()
 
 
+class _SharedDriver:
+    """Two engines sharing one Redis store, each with its own connections, on the harness's
+    clock (the store's clock is `STORE_EPOCH` plus Trio's); they sweep only when told to."""
+
+    def __init__(
+        self,
+        url: str,
+        config: Config,
+        judge: ControlledJudge,
+        hooks: list[Hooks],
+        nursery: trio.Nursery,
+    ) -> None:
+        self.url = url
+        self.config = config
+        self.judge = judge
+        self.hooks = hooks
+        self.nursery = nursery
+        self.prefix = f"scenario:{uuid.uuid4().hex[:12]}:"
+        self.engines: list[SharedEngine] = []
+        self._scopes: list[trio.CancelScope] = []
+        self._gone: list[trio.Event] = []
+        self.store = self._store()  # the checks' own connections
+
+    def _store(self) -> RedisGroupStore:
+        return RedisGroupStore(
+            self.config,
+            StoreAddress.parse(self.url),
+            self.prefix,
+            LEASE_S,
+            clock=lambda: STORE_EPOCH + trio.current_time(),
+        )
+
+    @property
+    def engine(self) -> Engine:
+        return self.engines[0]
+
+    async def start(self, index: int) -> None:
+        engine = SharedEngine(
+            self.config,
+            self._store(),
+            judge_transport=self.judge.transport(),
+            hooks=self.hooks[index],
+            poll_s=math.inf,  # no sweep of its own: the runner sweeps at the instants it picks
+        )
+        scope, gone = trio.CancelScope(), trio.Event()
+
+        async def run(task_status: trio.TaskStatus[None]) -> None:
+            try:
+                with scope:
+                    await engine.run(task_status=task_status)
+            finally:
+                gone.set()
+
+        await self.nursery.start(run)
+        if index == len(self.engines):
+            self.engines.append(engine)
+            self._scopes.append(scope)
+            self._gone.append(gone)
+        else:
+            self.engines[index], self._scopes[index], self._gone[index] = engine, scope, gone
+
+    async def verify(self, body: dict[str, Any], engine: int = 0) -> Seen:
+        target = self.engines[engine]
+        parsed = parse_verify_body(msgspec.json.encode(body), target.config)
+        return seen_outcome(await target.verify(parsed))
+
+    async def shutdown(self) -> None:
+        for engine in self.engines:
+            await engine.shutdown()
+
+    async def kill(self, index: int) -> None:
+        """The engine dies at once (nothing of a shutdown runs); a fresh one takes its place."""
+        self._scopes[index].cancel()
+        await self._gone[index].wait()
+        await self.engines[index].store.aclose()
+        await self.start(index)
+
+    def busy(self) -> bool:
+        """A store command is on its way, or arrivals wait for their transaction."""
+        return any(e.store.client.in_use or e.queued for e in self.engines)
+
+    async def undelivered(self) -> list[int]:
+        """The engines with a waiter on, or an evaluation of, a record that has already ended
+        (its notification is on its way, or lost)."""
+        late = []
+        for index, engine in enumerate(self.engines):
+            if await engine.store.finished_records(engine.watched_records()):
+                late.append(index)
+        return late
+
+    async def aclose(self) -> None:
+        for engine in self.engines:
+            await engine.shutdown()
+        await self.store.aclose()
+
+
 @asynccontextmanager
 async def _driver(
-    via: Via, config: Config, judge: ControlledJudge, hooks: Hooks
+    via: Via,
+    config: Config,
+    judge: ControlledJudge,
+    hooks: Hooks,
+    shared: tuple[str, list[Hooks]] | None = None,
 ) -> AsyncIterator[_Driver]:
+    if via == "shared":
+        assert shared is not None, "shared mode needs a store URL"
+        async with trio.open_nursery() as nursery:
+            driver = _SharedDriver(shared[0], config, judge, shared[1], nursery)
+            try:
+                for index in range(ENGINES):
+                    await driver.start(index)
+                yield driver
+            finally:
+                with trio.CancelScope(shield=True):
+                    await driver.aclose()
+        return
     if via == "http":
         async with serve(config, judge=judge, hooks=hooks, check_on_exit=False) as server:
             yield _HttpDriver(server)
@@ -189,12 +317,24 @@ class ScenarioReport:
 class _Runner:
     """Plays one scenario against one server instance and checks it after every step."""
 
-    def __init__(self, scenario: Scenario, via: Via, clock: trio.testing.MockClock) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        via: Via,
+        clock: trio.testing.MockClock,
+        store_url: str | None = None,
+        restart_store: Callable[[], None] | None = None,
+    ) -> None:
         self.scenario = scenario
         self.via = via
         self.clock = clock
+        self.store_url = store_url
+        self.restart_store = restart_store
         self.config = scenario_config(scenario.settings)
-        self.model = Model(self.config, scenario.faults)
+        shared_lease = LEASE_S if via == "shared" else None
+        self.model = Model(self.config, scenario.faults, shared_lease=shared_lease)
+        self.notify = ["delivered"] * ENGINES
+        self.routes: dict[int, int] = {}
         self.judge = ControlledJudge()
         for fault in scenario.faults:
             self._install(fault)
@@ -209,6 +349,7 @@ class _Runner:
         self.reported_instrument = 0
         self.prune_visits = 0
         self._driver: _Driver | None = None
+        self.registry: GroupRegistry | None = None  # shared mode: the store, as last loaded
         self._nursery: trio.Nursery | None = None
 
     def _install(self, fault: Fault) -> None:
@@ -251,11 +392,30 @@ class _Runner:
     def now(self) -> float:
         return trio.current_time()
 
+    @property
+    def shared(self) -> _SharedDriver | None:
+        return self._driver if isinstance(self._driver, _SharedDriver) else None
+
+    def _copies(self, index: int, _: str) -> int:
+        return {"lost": 0, "duplicated": 2}.get(self.notify[index], 1)
+
+    def _random(self, what: str) -> random.Random:
+        """A draw that depends only on the seed and on `what`, so shrinking keeps it."""
+        return random.Random(f"{self.scenario.seed}:{what}")
+
     async def run(self) -> ScenarioReport:
         hooks = Hooks(on_conversion=self._convert)
+        shared = None
+        if self.via == "shared":
+            assert self.store_url is not None, "shared mode needs a store URL"
+            each = [
+                Hooks(on_conversion=self._convert, on_notification=partial(self._copies, index))
+                for index in range(ENGINES)
+            ]
+            shared = (self.store_url, each)
         trio.lowlevel.add_instrument(self.instrument)
         try:
-            async with _driver(self.via, self.config, self.judge, hooks) as driver:
+            async with _driver(self.via, self.config, self.judge, hooks, shared) as driver:
                 self._driver = driver
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
@@ -277,6 +437,32 @@ class _Runner:
 
     async def _quiesce(self) -> None:
         await trio.testing.wait_all_tasks_blocked()
+        shared = self.shared
+        if shared is None:
+            return
+        # Tasks waiting for Redis look blocked too: wait (in real time; Trio's clock stands
+        # still) until no command is on its way and every finished record's waiters have been
+        # told. An engine that loses its notifications learns it by a sweep at this instant.
+        give_up = time.monotonic() + QUIESCE_LIMIT_S
+        while time.monotonic() < give_up:
+            if shared.busy():
+                await trio.testing.wait_all_tasks_blocked(cushion=0.0005)
+                continue
+            late = await shared.undelivered()
+            if not late:
+                await trio.testing.wait_all_tasks_blocked()
+                if not shared.busy():
+                    return
+                continue
+            for index in late:
+                # Notifications lost on purpose, or while the engine is not subscribed (its
+                # subscription dropped with the store, and it waits a sweep interval to
+                # subscribe again).
+                engine = shared.engines[index]
+                if self.notify[index] == "lost" or not engine.subscribed:
+                    await engine.sweep_once()
+            await trio.testing.wait_all_tasks_blocked(cushion=0.0005)
+        raise RuntimeError(f"the store did not settle within {QUIESCE_LIMIT_S}s")
 
     async def _move_to(self, target: float) -> None:
         self.clock.jump(target - self.now)
@@ -292,8 +478,15 @@ class _Runner:
             when = min(due)
             await self._move_to(when)
             await self._quiesce()
+            shared = self.shared
+            if shared is not None:
+                # Collection deadlines and expired leases are found by a sweep: here, one at
+                # the deadline's instant, by an engine the seed picks.
+                sweeper = self._random(f"sweep@{when}").randrange(ENGINES)
+                await shared.engines[sweeper].sweep_once()
+                await self._quiesce()
             self.model.expire(when)
-            self._check(f"{label} (deadline at t={when})")
+            await self._check(f"{label} (deadline at t={when})")
             if self.report.violations:
                 return
         # No deadline falls on `target` (it was nudged off them), so the jump wakes nobody.
@@ -307,11 +500,17 @@ class _Runner:
         if isinstance(step, Post):
             self.fail_conversion = step.conversion_fault
             body = request_body(step)
+            engine = 0
+            if self.shared is not None:
+                # Every copy of one post goes to the same engine: the model knows which one
+                # owns the evaluation a post starts.
+                engine = engine_for(self.scenario.seed, step)
             for request in step.requests:
-                self.nursery.start_soon(self._request, request, body)
+                self.routes[request] = engine
+                self.nursery.start_soon(self._request, request, body, engine)
             await self._quiesce()
             self.fail_conversion = False
-            model.post(step, self.now)
+            model.post(step, self.now, engine)
         elif isinstance(step, Disconnect):
             scope = self.scopes.get(step.request)
             if scope is not None and step.request not in self.ended:
@@ -327,16 +526,34 @@ class _Runner:
         elif isinstance(step, Shutdown):
             await self._shutdown(label, check=True)
             return
+        elif isinstance(step, Kill):
+            shared = self.shared
+            if shared is not None and not model.closed:
+                for request, engine in self.routes.items():
+                    if engine == step.engine and request not in self.ended:
+                        self.scopes[request].cancel()  # its client's connection dropped
+                await shared.kill(step.engine)
+            await self._quiesce()
+            model.kill(step.engine)
+        elif isinstance(step, Notify):
+            if self.shared is not None:
+                self.notify[step.engine] = step.mode
+            await self._quiesce()
+        elif isinstance(step, RestartStore):
+            if self.shared is not None:
+                assert self.restart_store is not None, "a store restart needs restart_store"
+                self.restart_store()
+            await self._quiesce()
         else:
             await self._quiesce()
-        self._check(label)
+        await self._check(label)
 
     async def _shutdown(self, label: str, *, check: bool) -> None:
         """Shut the server down; every task must be drained once all of them are blocked."""
         if self.model.closed:
             await self._quiesce()
             if check:
-                self._check(label)
+                await self._check(label)
             return
         self.report.active_at_shutdown = len(self.model.active)
         finished = trio.Event()
@@ -349,7 +566,7 @@ class _Runner:
         await self._quiesce()
         self.model.shutdown(self.now)
         if check:
-            self._check(label)
+            await self._check(label)
         if not finished.is_set():
             message = "shutdown was still draining tasks when every task was blocked"
             self.report.violations.append(Violation("I-12", f"{label} (t={self.now})", message))
@@ -358,12 +575,12 @@ class _Runner:
                 self.clock.jump(self.config.shutdown_grace_s)
                 await self._quiesce()
 
-    async def _request(self, request: int, body: dict[str, Any]) -> None:
+    async def _request(self, request: int, body: dict[str, Any], engine: int) -> None:
         scope = trio.CancelScope()
         self.scopes[request] = scope
         try:
             with scope:
-                self.answers[request] = await self.driver.verify(body)
+                self.answers[request] = await self.driver.verify(body, engine)
         finally:
             self.ended.add(request)
             if request not in self.answers:
@@ -371,19 +588,23 @@ class _Runner:
 
     # -- checks ----------------------------------------------------------------------------
 
-    def _check(self, label: str) -> None:
+    async def _check(self, label: str) -> None:
         step = f"{label} (t={self.now})"
         found: list[Violation] = []
         engine, model = self.driver.engine, self.model
-        found += invariants.registry_violations(engine, step)
-        found += invariants.publication_violations(engine.registry, step)
-        found += invariants.retention_violations(
-            engine.registry,
-            {gid: mark[0] for gid, mark in model.watermarks.items()},
-            list(model.idle),
-            [record.key for _, record in model.terminal.values()],
-            step,
-        )
+        shared = self.shared
+        if shared is None:
+            found += invariants.registry_violations(engine, step)
+            found += invariants.publication_violations(engine.registry, step)
+            found += invariants.retention_violations(
+                engine.registry,
+                {gid: mark[0] for gid, mark in model.watermarks.items()},
+                list(model.idle),
+                [record.key for _, record in model.terminal.values()],
+                step,
+            )
+        else:
+            found += await self._store_violations(shared, step)
         found += invariants.instrument_violations(self.instrument, self.reported_instrument, step)
         self.reported_instrument = len(self.instrument.violations)
         answers, self.answers = self.answers, {}
@@ -399,18 +620,83 @@ class _Runner:
             if expected is not None:
                 found += invariants.outcome_violations(request, expected, seen, step)
         self.report.counts["cancelled requests"] += len(cancelled)
-        stats = engine.statistics()
-        found += invariants.statistics_violations(stats, model.statistics(), step)
-        found += invariants.prune_violations(
-            self.prune_visits, stats.prune_visits, model.removed, model.prunes, step
-        )
-        self.prune_visits = stats.prune_visits
+        if shared is None:
+            stats = engine.statistics()
+            found += invariants.statistics_violations(stats, model.statistics(), step)
+            found += invariants.prune_violations(
+                self.prune_visits, stats.prune_visits, model.removed, model.prunes, step
+            )
+            self.prune_visits = stats.prune_visits
+        elif self.registry is not None:
+            found += self._shared_statistics_violations(shared, self.registry, step)
         changed = self.ledger.update(self.judge) | model.changed_calls
         found += invariants.judge_call_violations(self.ledger.counts, model.calls, changed, step)
         found += invariants.in_flight_violations(self.judge, model.in_flight(), step)
         model.answered, model.cancelled, model.changed_calls = {}, set(), set()
         model.prunes = model.removed = 0
         self.report.violations += found
+
+    async def _store_violations(self, shared: _SharedDriver, step: str) -> list[Violation]:
+        """The store's groups, loaded into one registry: SPEC I-2…I-5 and I-7 on it, and its
+        retention sets (in score order, expired entries left out) against the model's."""
+        found: list[Violation] = []
+        for engine in shared.engines:
+            found += invariants.registry_violations(engine, step)
+        self.registry = None
+        try:
+            registry = await check_store_invariants(shared.store, self.config)
+        except AssertionError as exc:
+            message = str(exc) or type(exc).__name__
+            return [*found, Violation(_registry_label(message), step, message)]
+        self.registry = registry
+        found += invariants.publication_violations(registry, step)
+        marks, idle, terminal = self.model.retained(self.now)
+        seen_marks = {gid: mark.attempt for gid, mark in registry.watermarks.items()}
+        if seen_marks != marks:
+            found.append(Violation("R-1", step, f"watermarks {seen_marks}, expected {marks}"))
+        seen_idle = await self._live(shared, "idle")
+        if seen_idle != idle:
+            found.append(Violation("R-1", step, f"idle order {seen_idle}, expected {idle}"))
+        seen_terminal = []
+        for ref in await self._live(shared, "terminal"):
+            kind, name = ref[:2], ref[2:]
+            record = (registry.explicit if kind == "e:" else registry.legacy).get(name)
+            seen_terminal.append(record.key if record is not None else f"<no record {ref}>")
+        if seen_terminal != terminal:
+            found.append(
+                Violation("R-1", step, f"terminal index {seen_terminal}, expected {terminal}")
+            )
+        return found
+
+    async def _live(self, shared: _SharedDriver, name: str) -> list[str]:
+        """A retention set of the store in score order, without the entries expired by now."""
+        flat = await shared.store.call("ZRANGE", f"{shared.prefix}{name}", 0, -1, "WITHSCORES")
+        ttl = self.config.cohort_result_ttl_s
+        now = STORE_EPOCH + self.now
+        pairs = zip(flat[::2], flat[1::2], strict=True)
+        return [m.decode() for m, score in pairs if ttl is None or now - float(score) < ttl]
+
+    def _shared_statistics_violations(
+        self, shared: _SharedDriver, registry: GroupRegistry, step: str
+    ) -> list[Violation]:
+        """Groups by phase and retention from the store; waiters, tasks and judge calls summed
+        over the engines. Only a live owner runs a task for an evaluating group."""
+        each = [engine.statistics() for engine in shared.engines]
+        actual = registry.statistics(
+            owned_tasks=sum(s.owned_tasks for s in each),
+            judge_in_flight=sum(s.judge_in_flight for s in each),
+        )._replace(waiters=sum(s.waiters for s in each))
+        model = self.model
+        marks, idle, terminal = model.retained(self.now)
+        expected = model.statistics()
+        running = [r for r in model.active.values() if r.phase == "evaluating"]
+        expected.update(
+            retained_records=len(terminal),
+            watermarks=len(marks),
+            idle_entries=len(idle),
+            owned_tasks=sum(1 for r in running if not r.orphaned),
+        )
+        return invariants.statistics_violations(actual, expected, step)
 
     def _check_after_shutdown(self) -> None:
         if self.report.violations:
@@ -420,8 +706,13 @@ class _Runner:
         running = sorted(r for r in self.scopes if r not in self.ended)
         if running:
             found.append(Violation("I-4", step, f"requests {running} never got an answer"))
-        stats = self.driver.engine.statistics()
-        left = {k: v for k, v in stats._asdict().items() if v and k != "prune_visits"}
+        shared = self.shared
+        engines = shared.engines if shared is not None else [self.driver.engine]
+        left: dict[str, int] = {}
+        for engine in engines:
+            for key, value in engine.statistics()._asdict().items():
+                if value and key != "prune_visits":
+                    left[key] = left.get(key, 0) + value
         if left:
             found.append(Violation("I-4", step, f"statistics() after shutdown: {left}"))
         if self.judge.stats()["in_flight"]:
@@ -468,10 +759,17 @@ def _label(seen: Seen) -> str:
 
 
 async def play(
-    scenario: Scenario, clock: trio.testing.MockClock, *, via: Via = "engine"
+    scenario: Scenario,
+    clock: trio.testing.MockClock,
+    *,
+    via: Via = "engine",
+    store_url: str | None = None,
+    restart_store: Callable[[], None] | None = None,
 ) -> ScenarioReport:
-    """Play a scenario inside a running Trio loop whose clock is `clock` (no autojump)."""
-    return await _Runner(scenario, via, clock).run()
+    """Play a scenario inside a running Trio loop whose clock is `clock` (no autojump);
+    `via="shared"` plays it on two engines sharing the Redis store at `store_url`, which
+    `restart_store` (if given) kills and starts again."""
+    return await _Runner(scenario, via, clock, store_url, restart_store).run()
 
 
 @contextmanager
@@ -486,7 +784,13 @@ def _quiet(enabled: bool) -> Iterator[None]:
         logger.setLevel(previous)
 
 
-def run_once(scenario: Scenario, via: Via, quiet: bool) -> ScenarioReport:
+def run_once(
+    scenario: Scenario,
+    via: Via,
+    quiet: bool,
+    store_url: str | None = None,
+    restart_store: Callable[[], None] | None = None,
+) -> ScenarioReport:
     clock = trio.testing.MockClock()
     # Trio shuffles each batch of runnable tasks with this generator; seeding it makes a run
     # repeat exactly, down to the order in which tasks take their steps.
@@ -495,6 +799,11 @@ def run_once(scenario: Scenario, via: Via, quiet: bool) -> ScenarioReport:
         scheduler.seed(scenario.seed)
     started = time.perf_counter()
     with _quiet(quiet):
-        report = trio.run(partial(play, scenario, clock, via=via), clock=clock)
+        report = trio.run(
+            partial(
+                play, scenario, clock, via=via, store_url=store_url, restart_store=restart_store
+            ),
+            clock=clock,
+        )
     report.seconds = time.perf_counter() - started
     return report

@@ -24,17 +24,29 @@ def run_scenario(
     via: Via = "engine",
     shrink_failures: bool = True,
     quiet: bool = True,
+    store_url: str | None = None,
+    restart_store: Callable[[], None] | None = None,
 ) -> ScenarioReport:
     """Play a scenario in a fresh Trio run; a failing run is shrunk to a minimal reproduction.
 
     Call it from synchronous code (it starts its own `trio.run`); from async code use `play`.
+    `via="shared"` plays it on two engines sharing the Redis store at `store_url`, which
+    `restart_store` (if given) kills and starts again.
     """
-    report = run_once(scenario, via, quiet)
+    report = run_once(scenario, via, quiet, store_url, restart_store)
     if report.violations and shrink_failures:
         # The run stops at the step that broke an invariant; later steps cannot matter.
         shorter = replace(scenario, steps=scenario.steps[: max(1, report.steps_run)])
-        report.minimal = shrink(shorter, report.violations[0].invariant, via=via, quiet=quiet)
-        report.minimal_violations = run_once(report.minimal, via, quiet).violations
+        report.minimal = shrink(
+            shorter,
+            report.violations[0].invariant,
+            via=via,
+            quiet=quiet,
+            store_url=store_url,
+            restart_store=restart_store,
+        )
+        minimal = run_once(report.minimal, via, quiet, store_url, restart_store)
+        report.minimal_violations = minimal.violations
     return report
 
 

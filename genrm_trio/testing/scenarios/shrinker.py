@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from genrm_trio.testing.scenarios.runner import run_once
@@ -20,12 +21,14 @@ def shrink(
     via: Via = "engine",
     budget: int = 300,
     quiet: bool = True,
+    store_url: str | None = None,
+    restart_store: Callable[[], None] | None = None,
 ) -> Scenario:
     """The shortest sub-list of steps found that still breaks `invariant` (greedy chunk removal)."""
 
     def fails(steps: list[Step]) -> bool:
         candidate = replace(scenario, steps=tuple(steps))
-        report = run_once(candidate, via, quiet)
+        report = run_once(candidate, via, quiet, store_url, restart_store)
         return any(v.invariant == invariant for v in report.violations)
 
     steps = list(scenario.steps)

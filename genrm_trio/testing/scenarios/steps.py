@@ -4,6 +4,7 @@ configuration they stand for, and the pairs each comparison strategy judges."""
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -31,7 +32,14 @@ FAULT_KINDS = (
     "hang",
 )
 RELEASE_ACTIONS = (None, "fatal", "transient")
-Via = Literal["engine", "http"]
+Via = Literal["engine", "http", "shared"]
+# Shared mode: two engines on one Redis store. Their store clock is this epoch plus Trio's clock
+# (never near Redis's own, so Redis never expires a key by PXAT during a run: retention is the
+# store's own trimming and pruning). A lease of more than three evaluation deadlines is never
+# renewed before the owner's evaluation deadline ends its evaluation.
+ENGINES = 2
+STORE_EPOCH = 4_000_000_000.0
+LEASE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -79,9 +87,33 @@ class Shutdown:
     pass
 
 
-Step = Post | Disconnect | Release | Advance | Shutdown
+@dataclass(frozen=True)
+class Kill:
+    """Shared mode: one engine dies at once (no shutdown) and a fresh one takes its place."""
+
+    engine: int
+
+
+@dataclass(frozen=True)
+class Notify:
+    """Shared mode: from now on one engine loses, duplicates or simply receives every outcome
+    notification (mode "lost", "duplicated" or "delivered")."""
+
+    engine: int
+    mode: str
+
+
+@dataclass(frozen=True)
+class RestartStore:
+    """Shared mode: Redis is killed (SIGKILL) and started again on its data (append-only file,
+    `appendfsync always`); every connection to it drops."""
+
+
+NOTIFY_MODES = ("lost", "duplicated", "delivered")
+Step = Post | Disconnect | Release | Advance | Shutdown | Kill | Notify | RestartStore
 _STEP_TYPES: dict[str, type[Any]] = {
-    cls.__name__: cls for cls in (Post, Disconnect, Release, Advance, Shutdown)
+    cls.__name__: cls
+    for cls in (Post, Disconnect, Release, Advance, Shutdown, Kill, Notify, RestartStore)
 }
 
 
@@ -147,7 +179,19 @@ def describe_step(step: Step) -> str:
         return f"release {step.group}:{step.attempt} pair {step.pair}{how}"
     if isinstance(step, Advance):
         return f"advance {step.seconds}s"
+    if isinstance(step, Kill):
+        return f"kill engine {step.engine} (a fresh one takes its place)"
+    if isinstance(step, Notify):
+        return f"engine {step.engine}: notifications {step.mode}"
+    if isinstance(step, RestartStore):
+        return "Redis killed and started again"
     return "shutdown"
+
+
+def engine_for(seed: int, post: Post) -> int:
+    """Shared mode: the engine a post (every copy of it) is sent to, drawn from the seed and
+    the post's first request id alone, so a shrunk scenario routes its posts the same way."""
+    return random.Random(f"{seed}:route:{post.requests[0]}").randrange(ENGINES)
 
 
 # ---- what a request looks like ------------------------------------------------------------------
