@@ -171,11 +171,15 @@ class Engine:
             if self._owned_tasks:
                 await self._tasks_done.wait()
         with trio.move_on_after(self.config.shutdown_grace_s, shield=True):
-            await self.judge.aclose()
+            await self._close_connections()
         self.registry.clear()
         self._stopped.set()
         self._shutdown_done.set()
         log.info("GenRM server shut down")
+
+    async def _close_connections(self) -> None:
+        """Close what the engine holds open: the judge client's connections."""
+        await self.judge.aclose()
 
     # ---- /verify -------------------------------------------------------------------------------
 

@@ -123,19 +123,9 @@ class SharedEngine(Engine):
         for scope in self._evaluations.values():
             scope.cancel()
 
-    async def shutdown(self) -> None:
-        self.begin_shutdown()
-        if self._shutdown_done.is_set():
-            return
-        with trio.move_on_after(self.config.shutdown_grace_s, shield=True):
-            if self._owned_tasks:
-                await self._tasks_done.wait()
-        with trio.move_on_after(self.config.shutdown_grace_s, shield=True):
-            await self.judge.aclose()
-            await self.store.aclose()
-        self._stopped.set()
-        self._shutdown_done.set()
-        log.info("GenRM server shut down")
+    async def _close_connections(self) -> None:
+        await self.judge.aclose()
+        await self.store.aclose()
 
     # ---- /verify -------------------------------------------------------------------------------
 
