@@ -1,40 +1,34 @@
-"""Playing one scenario: the drivers that reach the server (straight into the engine, or over
-HTTP), the step runner that checks every invariant after every step, and its report."""
+"""Playing one scenario: the step runner that checks every invariant after every step, and its
+report; ``drivers`` holds how the steps reach the server."""
 
 from __future__ import annotations
 
 import importlib
 import logging
-import math
 import random
 import time
-import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
-import msgspec
 import trio
 import trio.testing
 
-from genrm_trio.config import Config
-from genrm_trio.core.groups import GroupRegistry, Masked, Outcome, Rejected, Scored
-from genrm_trio.http.bodies import METRIC_KEYS
-from genrm_trio.http.parsing import parse_verify_body
-from genrm_trio.runtime.engine import Engine
+from genrm_trio.core.groups import GroupRegistry
 from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.runtime.shared import SharedEngine, check_store_invariants
-from genrm_trio.store.redis_store import RedisGroupStore
-from genrm_trio.store.resp import StoreAddress
+from genrm_trio.runtime.shared import check_store_invariants
 from genrm_trio.testing import invariants
 from genrm_trio.testing.controlled_judge import ControlledJudge
-from genrm_trio.testing.fixtures import GenRMServer, serve
-from genrm_trio.testing.harness import Reply
 from genrm_trio.testing.instrument import CriticalSectionInstrument
 from genrm_trio.testing.invariants import Seen, Violation, _registry_label
+from genrm_trio.testing.scenarios.drivers import (
+    Driver,
+    SharedDriver,
+    open_driver,
+)
 from genrm_trio.testing.scenarios.model import Model
 from genrm_trio.testing.scenarios.steps import (
     CONVERSION_FAULT,
@@ -62,195 +56,6 @@ from genrm_trio.testing.scenarios.steps import (
 
 # Only guards against a store that never settles; no run comes near it.
 QUIESCE_LIMIT_S = 60.0
-
-# ---- drivers: how a run reaches the server ------------------------------------------------------
-
-
-class _Driver(Protocol):
-    @property
-    def engine(self) -> Engine: ...
-
-    async def verify(self, body: dict[str, Any], engine: int = 0) -> Seen: ...
-
-    async def shutdown(self) -> None: ...
-
-
-def seen_outcome(outcome: Outcome) -> Seen:
-    if isinstance(outcome, Scored):
-        return Seen("scored", 200, reward=outcome.reward, metrics=outcome.metrics)
-    if isinstance(outcome, Masked):
-        return Seen("masked", 200, outcome.text + outcome.suffix)
-    assert isinstance(outcome, Rejected)
-    return Seen("rejected", outcome.status, outcome.detail)
-
-
-def seen_reply(reply: Reply) -> Seen:
-    body = reply.body
-    if reply.status != 200:
-        return Seen("rejected", reply.status, str(body.get("detail")))
-    if body.get("mask_sample"):
-        return Seen("masked", 200, str(body["failure_reason"]))
-    metrics = {name: float(body[name]) for name in METRIC_KEYS if name in body}
-    return Seen("scored", 200, reward=float(body["reward"]), metrics=metrics or None)
-
-
-class _EngineDriver:
-    """Straight into `Engine.verify` with a parsed body: the fast path for long runs."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    async def verify(self, body: dict[str, Any], engine: int = 0) -> Seen:
-        parsed = parse_verify_body(msgspec.json.encode(body), self.engine.config)
-        return seen_outcome(await self.engine.verify(parsed))
-
-    async def shutdown(self) -> None:
-        await self.engine.shutdown()
-
-
-class _HttpDriver:
-    """Through the HTTP app over ASGI, as a client would."""
-
-    def __init__(self, server: GenRMServer) -> None:
-        self.server = server
-        self.engine = server.engine
-
-    async def verify(self, body: dict[str, Any], engine: int = 0) -> Seen:
-        return seen_reply(await self.server.verify(body))
-
-    async def shutdown(self) -> None:
-        await self.engine.shutdown()
-
-
-class _SharedDriver:
-    """Two engines sharing one Redis store, each with its own connections, on the harness's
-    clock (the store's clock is `STORE_EPOCH` plus Trio's); they sweep only when told to."""
-
-    def __init__(
-        self,
-        url: str,
-        config: Config,
-        judge: ControlledJudge,
-        hooks: list[Hooks],
-        nursery: trio.Nursery,
-    ) -> None:
-        self.url = url
-        self.config = config
-        self.judge = judge
-        self.hooks = hooks
-        self.nursery = nursery
-        self.prefix = f"scenario:{uuid.uuid4().hex[:12]}:"
-        self.engines: list[SharedEngine] = []
-        self._scopes: list[trio.CancelScope] = []
-        self._gone: list[trio.Event] = []
-        self.store = self._store()  # the checks' own connections
-
-    def _store(self) -> RedisGroupStore:
-        return RedisGroupStore(
-            self.config,
-            StoreAddress.parse(self.url),
-            self.prefix,
-            LEASE_S,
-            clock=lambda: STORE_EPOCH + trio.current_time(),
-        )
-
-    @property
-    def engine(self) -> Engine:
-        return self.engines[0]
-
-    async def start(self, index: int) -> None:
-        engine = SharedEngine(
-            self.config,
-            self._store(),
-            judge_transport=self.judge.transport(),
-            hooks=self.hooks[index],
-            poll_s=math.inf,  # no sweep of its own: the runner sweeps at the instants it picks
-        )
-        scope, gone = trio.CancelScope(), trio.Event()
-
-        async def run(task_status: trio.TaskStatus[None]) -> None:
-            try:
-                with scope:
-                    await engine.run(task_status=task_status)
-            finally:
-                gone.set()
-
-        await self.nursery.start(run)
-        if index == len(self.engines):
-            self.engines.append(engine)
-            self._scopes.append(scope)
-            self._gone.append(gone)
-        else:
-            self.engines[index], self._scopes[index], self._gone[index] = engine, scope, gone
-
-    async def verify(self, body: dict[str, Any], engine: int = 0) -> Seen:
-        target = self.engines[engine]
-        parsed = parse_verify_body(msgspec.json.encode(body), target.config)
-        return seen_outcome(await target.verify(parsed))
-
-    async def shutdown(self) -> None:
-        for engine in self.engines:
-            await engine.shutdown()
-
-    async def kill(self, index: int) -> None:
-        """The engine dies at once (nothing of a shutdown runs); a fresh one takes its place."""
-        self._scopes[index].cancel()
-        await self._gone[index].wait()
-        await self.engines[index].store.aclose()
-        await self.start(index)
-
-    def busy(self) -> bool:
-        """A store command is on its way, or arrivals wait for their transaction."""
-        return any(e.store.client.in_use or e.queued for e in self.engines)
-
-    async def undelivered(self) -> list[int]:
-        """The engines with a waiter on, or an evaluation of, a record that has already ended
-        (its notification is on its way, or lost)."""
-        late = []
-        for index, engine in enumerate(self.engines):
-            if await engine.store.finished_records(engine.watched_records()):
-                late.append(index)
-        return late
-
-    async def aclose(self) -> None:
-        for engine in self.engines:
-            await engine.shutdown()
-        await self.store.aclose()
-
-
-@asynccontextmanager
-async def _driver(
-    via: Via,
-    config: Config,
-    judge: ControlledJudge,
-    hooks: Hooks,
-    shared: tuple[str, list[Hooks]] | None = None,
-) -> AsyncIterator[_Driver]:
-    if via == "shared":
-        assert shared is not None, "shared mode needs a store URL"
-        async with trio.open_nursery() as nursery:
-            driver = _SharedDriver(shared[0], config, judge, shared[1], nursery)
-            try:
-                for index in range(ENGINES):
-                    await driver.start(index)
-                yield driver
-            finally:
-                with trio.CancelScope(shield=True):
-                    await driver.aclose()
-        return
-    if via == "http":
-        async with serve(config, judge=judge, hooks=hooks, check_on_exit=False) as server:
-            yield _HttpDriver(server)
-        return
-    engine = Engine(config, judge_transport=judge.transport(), hooks=hooks)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(engine.run)
-        try:
-            yield _EngineDriver(engine)
-        finally:
-            with trio.CancelScope(shield=True):
-                await engine.shutdown()
-
 
 # ---- the runner -------------------------------------------------------------------------------
 
@@ -348,7 +153,7 @@ class _Runner:
         self.fail_conversion = False
         self.reported_instrument = 0
         self.prune_visits = 0
-        self._driver: _Driver | None = None
+        self._driver: Driver | None = None
         self.registry: GroupRegistry | None = None  # shared mode: the store, as last loaded
         self._nursery: trio.Nursery | None = None
 
@@ -375,7 +180,7 @@ class _Runner:
             judge.fail(kind, **where)  # empty, non_json, close, hang
 
     @property
-    def driver(self) -> _Driver:
+    def driver(self) -> Driver:
         assert self._driver is not None, "the runner is not running"
         return self._driver
 
@@ -393,8 +198,8 @@ class _Runner:
         return trio.current_time()
 
     @property
-    def shared(self) -> _SharedDriver | None:
-        return self._driver if isinstance(self._driver, _SharedDriver) else None
+    def shared(self) -> SharedDriver | None:
+        return self._driver if isinstance(self._driver, SharedDriver) else None
 
     def _copies(self, index: int, _: str) -> int:
         return {"lost": 0, "duplicated": 2}.get(self.notify[index], 1)
@@ -415,7 +220,7 @@ class _Runner:
             shared = (self.store_url, each)
         trio.lowlevel.add_instrument(self.instrument)
         try:
-            async with _driver(self.via, self.config, self.judge, hooks, shared) as driver:
+            async with open_driver(self.via, self.config, self.judge, hooks, shared) as driver:
                 self._driver = driver
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
@@ -636,7 +441,7 @@ class _Runner:
         model.prunes = model.removed = 0
         self.report.violations += found
 
-    async def _store_violations(self, shared: _SharedDriver, step: str) -> list[Violation]:
+    async def _store_violations(self, shared: SharedDriver, step: str) -> list[Violation]:
         """The store's groups, loaded into one registry: SPEC I-2…I-5 and I-7 on it, and its
         retention sets (in score order, expired entries left out) against the model's."""
         found: list[Violation] = []
@@ -668,7 +473,7 @@ class _Runner:
             )
         return found
 
-    async def _live(self, shared: _SharedDriver, name: str) -> list[str]:
+    async def _live(self, shared: SharedDriver, name: str) -> list[str]:
         """A retention set of the store in score order, without the entries expired by now."""
         flat = await shared.store.call("ZRANGE", f"{shared.prefix}{name}", 0, -1, "WITHSCORES")
         ttl = self.config.cohort_result_ttl_s
@@ -677,7 +482,7 @@ class _Runner:
         return [m.decode() for m, score in pairs if ttl is None or now - float(score) < ttl]
 
     def _shared_statistics_violations(
-        self, shared: _SharedDriver, registry: GroupRegistry, step: str
+        self, shared: SharedDriver, registry: GroupRegistry, step: str
     ) -> list[Violation]:
         """Groups by phase and retention from the store; waiters, tasks and judge calls summed
         over the engines. Only a live owner runs a task for an evaluating group."""
