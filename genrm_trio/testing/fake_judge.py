@@ -1,4 +1,6 @@
-"""The fake judge's logic: quality, verdicts, rules, faults, latency, statistics and recordings.
+"""The fake judge's logic: quality, verdicts, the order of its decisions, statistics and
+recordings. What it can be told to do (latency, prefix cache, rules, faults) is parsed in
+``fake_judge_rules``; the replies it builds and the request checks are in ``fake_judge_replies``.
 Adapters in ``fake_judge_http`` feed it requests and carry out the reply it decides (SPEC §8.2).
 
 Theory of operation. Every HTTP request goes through :meth:`FakeJudge.handle`, which is
@@ -33,69 +35,72 @@ import re
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
+
+from genrm_trio.testing.fake_judge_replies import (
+    CREATED,
+    Call,
+    FakeReply,
+    RequestRejected,
+    body_bytes,
+    check_chat,
+    check_responses,
+    completion,
+    error_reply,
+    json_bytes,
+    json_reply,
+)
+from genrm_trio.testing.fake_judge_rules import (
+    ACTIONS,
+    APIS,
+    Api,
+    Latency,
+    PrefixCacheModel,
+    Rule,
+    compile_fault_rates,
+    compile_rule,
+    parse_fault_action,
+    parse_latency,
+    parse_prefix_cache,
+)
 
 if TYPE_CHECKING:
     from genrm_trio.judge.transport import TransportFactory
 
-Api = Literal["chat_completions", "responses"]
-ReplyKind = Literal["respond", "truncate", "close", "hang"]
+__all__ = [
+    "ACTIONS",
+    "APIS",
+    "FakeJudge",
+    "FakeReply",
+    "Latency",
+    "PrefixCacheModel",
+    "pair_rule",
+    "parse_fault_action",
+    "parse_latency",
+    "parse_prefix_cache",
+    "quality",
+    "quality_verdict",
+    "verdict_for_qualities",
+]
+
 Number = int | float
 
-APIS: tuple[Api, ...] = ("chat_completions", "responses")
-ACTIONS: tuple[str, ...] = (
-    "verdict",
-    "text",
-    "empty",
-    "null_content",
-    "finish",
-    "budget_exhausted",
-    "http_status",
-    "truncated_body",
-    "non_json",
-    "raw",
-    "close",
-    "hang",
-)
 DEFAULT_MODEL = "fake-judge"
-REASONING = "comparing the two responses"
-UNFINISHED_REASONING = "comparing the two responses, weighing the first one against"
+
 INJECTED_ERROR_BODY = b'{"error":"injected"}'
+
 NON_JSON_BODY = b"<html>not json</html>"
+
 REDACTED = "<redacted>"
+
 MAX_RECORDED_REQUESTS = 1000
 
 _CHAT_PATH = "/v1/chat/completions"
-_RESPONSES_PATH = "/v1/responses"
-# A fixed creation time keeps replies byte-identical across runs (CL-19).
-_CREATED = 1_700_000_000
-_STANDARD_ROLES = frozenset({"system", "user", "assistant", "developer", "tool"})
-_QUALITY_DIRECTIVE = re.compile(r"\[\[q=([+-]?(?:\d+(?:\.\d*)?|\.\d+))\]\]")
 
-_RULE_KEYS = frozenset({"match", "times", "after", "probability", "delay_s", "action"})
-_MATCH_KEYS = frozenset({"response_1", "response_2", "any_order", "principle", "api"})
-_ACTION_FIELDS: dict[str, frozenset[str]] = {
-    "verdict": frozenset({"score_1", "score_2", "ranking"}),
-    "text": frozenset({"text", "finish"}),
-    "empty": frozenset(),
-    "null_content": frozenset(),
-    "finish": frozenset({"value"}),
-    "budget_exhausted": frozenset(),
-    "http_status": frozenset({"status", "body", "retry_after"}),
-    "truncated_body": frozenset(),
-    "non_json": frozenset(),
-    "raw": frozenset({"body", "status", "content_type"}),
-    "close": frozenset(),
-    "hang": frozenset(),
-}
-_REQUIRED_FIELDS: dict[str, frozenset[str]] = {
-    "text": frozenset({"text"}),
-    "finish": frozenset({"value"}),
-    "http_status": frozenset({"status"}),
-    "raw": frozenset({"body"}),
-}
+_RESPONSES_PATH = "/v1/responses"
+
+_QUALITY_DIRECTIVE = re.compile(r"\[\[q=([+-]?(?:\d+(?:\.\d*)?|\.\d+))\]\]")
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,490 +176,6 @@ def pair_rule(i: int, j: int, action: str, **fields: Any) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
-# Latency (CL-16)
-
-
-@dataclass(frozen=True, slots=True)
-class Latency:
-    """A parsed ``--latency`` setting."""
-
-    kind: Literal["none", "fixed", "uniform", "lognormal"]
-    a: float = 0.0
-    b: float = 0.0
-
-    def draw(self, rng: random.Random) -> float:
-        if self.kind == "fixed":
-            return self.a
-        if self.kind == "uniform":
-            return rng.uniform(self.a, self.b)
-        if self.kind == "lognormal":
-            return rng.lognormvariate(math.log(self.a), self.b)
-        return 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixCacheModel:
-    """A parsed ``--prefix-cache CAPACITY:MISS_S`` setting."""
-
-    capacity: int
-    miss_s: float
-
-
-def parse_prefix_cache(spec: str | None) -> PrefixCacheModel | None:
-    """Parse ``none`` (or None) or ``CAPACITY:MISS_S`` (CAPACITY >= 1, MISS_S >= 0)."""
-    if spec is None or spec.strip() == "none":
-        return None
-    capacity, sep, miss = spec.strip().partition(":")
-    try:
-        model = PrefixCacheModel(int(capacity), float(miss))
-    except ValueError:
-        model = None
-    if not sep or model is None or model.capacity < 1 or not 0 <= model.miss_s < math.inf:
-        raise ValueError(
-            f"prefix cache {spec!r}: expected none or CAPACITY:MISS_S "
-            "(CAPACITY an integer >= 1, MISS_S seconds >= 0)"
-        )
-    return model
-
-
-def parse_latency(spec: str) -> Latency:
-    """Parse ``none``, ``fixed:S``, ``uniform:LO:HI`` or ``lognormal:MEDIAN:SIGMA``."""
-    kind, *parts = spec.strip().split(":")
-    try:
-        values = [float(p) for p in parts]
-    except ValueError:
-        raise ValueError(f"latency {spec!r}: values must be numbers") from None
-    if any(not math.isfinite(v) for v in values):
-        raise ValueError(f"latency {spec!r}: values must be finite")
-    if kind == "none" and not values:
-        return Latency("none")
-    if kind == "fixed" and len(values) == 1 and values[0] >= 0:
-        return Latency("fixed", values[0])
-    if kind == "uniform" and len(values) == 2 and 0 <= values[0] <= values[1]:
-        return Latency("uniform", values[0], values[1])
-    if kind == "lognormal" and len(values) == 2 and values[0] > 0 and values[1] >= 0:
-        return Latency("lognormal", values[0], values[1])
-    raise ValueError(
-        f"latency {spec!r}: expected none, fixed:S, uniform:LO:HI (0 <= LO <= HI) "
-        "or lognormal:MEDIAN:SIGMA (MEDIAN > 0, SIGMA >= 0)"
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Rules (CL-15) and fault rates (CL-17)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _check_action_fields(action: object, fields: Mapping[str, Any], where: str) -> str:
-    """Validate an action name and its fields; return the action name."""
-    if not isinstance(action, str) or action not in _ACTION_FIELDS:
-        expected = ", ".join(ACTIONS)
-        raise ValueError(f"{where}: unknown action {action!r}; expected one of {expected}")
-    missing = _REQUIRED_FIELDS.get(action, frozenset()) - fields.keys()
-    if missing:
-        raise ValueError(f"{where}: action {action!r} needs {', '.join(sorted(missing))}")
-    if action == "text":
-        if not isinstance(fields["text"], str):
-            raise ValueError(f"{where}: text must be a string")
-        if "finish" in fields and not isinstance(fields["finish"], str):
-            raise ValueError(f"{where}: finish must be a string")
-    if action == "finish" and not isinstance(fields["value"], str):
-        raise ValueError(f"{where}: value must be a string")
-    if "status" in fields and not (_is_int(fields["status"]) and 200 <= fields["status"] <= 599):
-        raise ValueError(f"{where}: status must be an integer HTTP status in 200..599")
-    if "content_type" in fields and not isinstance(fields["content_type"], str):
-        raise ValueError(f"{where}: content_type must be a string")
-    if "retry_after" in fields and not (
-        _is_number(fields["retry_after"]) or isinstance(fields["retry_after"], str)
-    ):
-        raise ValueError(f"{where}: retry_after must be a number of seconds or an HTTP date")
-    return action
-
-
-@dataclass(slots=True)
-class _Rule:
-    source: dict[str, Any]
-    action: str
-    fields: dict[str, Any]
-    response_1: str | None
-    response_2: str | None
-    any_order: bool
-    principle: str | None
-    api: str | None
-    times: int | None
-    after: int
-    probability: float
-    delay_s: float
-    matched: int = 0
-
-    def matches(self, api: Api, response_1: str, response_2: str, principle: str | None) -> bool:
-        if self.api is not None and self.api != api:
-            return False
-        if self.principle is not None and (principle is None or self.principle not in principle):
-            return False
-        straight = (self.response_1 is None or self.response_1 in response_1) and (
-            self.response_2 is None or self.response_2 in response_2
-        )
-        if straight or not self.any_order:
-            return straight
-        return (self.response_1 is None or self.response_1 in response_2) and (
-            self.response_2 is None or self.response_2 in response_1
-        )
-
-
-def _compile_rule(index: int, rule: object) -> _Rule:
-    where = f"rule {index}"
-    if not isinstance(rule, Mapping):
-        raise ValueError(f"{where}: expected a mapping")
-    action = _check_action_fields(rule.get("action"), rule, where)
-    allowed = _RULE_KEYS | _ACTION_FIELDS[action]
-    unknown = sorted(str(k) for k in rule if k not in allowed)
-    if unknown:
-        raise ValueError(f"{where}: unknown key {unknown[0]!r} for action {action!r}")
-    match = rule.get("match", {})
-    if not isinstance(match, Mapping):
-        raise ValueError(f"{where}: match must be a mapping")
-    unknown = sorted(str(k) for k in match if k not in _MATCH_KEYS)
-    if unknown:
-        raise ValueError(f"{where}: unknown match key {unknown[0]!r}")
-    for key in ("response_1", "response_2", "principle"):
-        if key in match and not isinstance(match[key], str):
-            raise ValueError(f"{where}: match.{key} must be a string")
-    if not isinstance(match.get("any_order", False), bool):
-        raise ValueError(f"{where}: match.any_order must be a boolean")
-    if "api" in match and match["api"] not in APIS:
-        raise ValueError(f"{where}: match.api must be one of {', '.join(APIS)}")
-    times = rule.get("times")
-    if times is not None and not (_is_int(times) and times >= 0):
-        raise ValueError(f"{where}: times must be an integer >= 0")
-    after = rule.get("after", 0)
-    if not (_is_int(after) and after >= 0):
-        raise ValueError(f"{where}: after must be an integer >= 0")
-    probability = rule.get("probability", 1)
-    if not (_is_number(probability) and 0 <= probability <= 1):
-        raise ValueError(f"{where}: probability must be a number in [0, 1]")
-    delay_s = rule.get("delay_s", 0)
-    if not (_is_number(delay_s) and math.isfinite(delay_s) and delay_s >= 0):
-        raise ValueError(f"{where}: delay_s must be a finite number >= 0")
-    return _Rule(
-        source=dict(rule),
-        action=action,
-        fields={k: rule[k] for k in _ACTION_FIELDS[action] if k in rule},
-        response_1=match.get("response_1"),
-        response_2=match.get("response_2"),
-        any_order=match.get("any_order", False),
-        principle=match.get("principle"),
-        api=match.get("api"),
-        times=times,
-        after=after,
-        probability=float(probability),
-        delay_s=float(delay_s),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class _FaultRate:
-    name: str
-    action: str
-    fields: dict[str, Any]
-    probability: float
-
-
-def parse_fault_action(name: str) -> tuple[str, dict[str, Any]]:
-    """``budget_exhausted`` -> (action, {}); ``http_status:503`` and ``finish:length`` carry
-    their one field after the colon. Actions that need a body or text cannot be fault rates."""
-    action, sep, argument = name.partition(":")
-    fields: dict[str, Any] = {}
-    if action == "http_status":
-        if not sep or not argument.isdigit():
-            raise ValueError(f"fault rate {name!r}: write http_status:<status>, e.g. :503")
-        fields["status"] = int(argument)
-    elif action == "finish":
-        if not sep or not argument:
-            raise ValueError(f"fault rate {name!r}: write finish:<value>, e.g. finish:length")
-        fields["value"] = argument
-    elif sep:
-        raise ValueError(f"fault rate {name!r}: action {action!r} takes no argument")
-    elif action in ("verdict", "text", "raw"):
-        raise ValueError(f"fault rate {name!r}: action {action!r} needs fields; use a rule")
-    _check_action_fields(action, fields, f"fault rate {name!r}")
-    return action, fields
-
-
-def _compile_fault_rates(rates: Mapping[str, float] | None) -> list[_FaultRate]:
-    compiled = []
-    for name, probability in (rates or {}).items():
-        action, fields = parse_fault_action(name)
-        if not (_is_number(probability) and 0 <= probability <= 1):
-            raise ValueError(f"fault rate {name!r}: probability must be a number in [0, 1]")
-        compiled.append(_FaultRate(name, action, fields, float(probability)))
-    return compiled
-
-
-# --------------------------------------------------------------------------------------------
-# Replies
-
-
-@dataclass(frozen=True, slots=True)
-class FakeReply:
-    """What an adapter must do for one request.
-
-    ``respond``: after ``delay_s``, send status, headers and body. ``truncate``: after
-    ``delay_s``, announce ``Content-Length: len(body)``, send only ``body[:sent_bytes]`` and break
-    the connection. ``close``: after ``delay_s``, break the connection without replying.
-    ``hang``: never reply; wait until the caller goes away. Tracked replies must be ended with
-    :meth:`FakeJudge.end_request`.
-    """
-
-    kind: ReplyKind
-    status: int
-    headers: tuple[tuple[str, str], ...]
-    body: bytes
-    action: str
-    delay_s: float = 0.0
-    tracked: bool = False
-
-    @property
-    def reason(self) -> str:
-        try:
-            return HTTPStatus(self.status).phrase
-        except ValueError:
-            return ""
-
-    @property
-    def sent_bytes(self) -> int:
-        """How much of the body a ``truncate`` reply sends before breaking the connection."""
-        return len(self.body) // 2
-
-
-def _json_bytes(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False).encode()
-
-
-def _body_bytes(value: Any) -> bytes:
-    """A rule's ``body``: a string is sent exactly, anything else as compact JSON."""
-    if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, bytes):
-        return value
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _json_reply(status: int, value: Any, action: str) -> FakeReply:
-    return FakeReply(
-        "respond", status, (("content-type", "application/json"),), _json_bytes(value), action
-    )
-
-
-def _error_reply(status: int, problem: str, action: str = "rejected") -> FakeReply:
-    return _json_reply(status, {"error": {"message": f"fake judge: {problem}"}}, action)
-
-
-def _tokens(text: str) -> int:
-    # A rough four-characters-per-token count keeps ``usage`` plausible and deterministic.
-    return (len(text) + 3) // 4
-
-
-def _fenced(verdict: Mapping[str, Any]) -> str:
-    return "```json\n" + json.dumps(dict(verdict)) + "\n```"
-
-
-@dataclass(frozen=True, slots=True)
-class _Call:
-    """A checked judge call."""
-
-    api: Api
-    model: str
-    response_1: str
-    response_2: str
-    principle: str | None
-    prompt_chars: int
-    prefix: bytes  # digest of the conversation before the two responses
-
-
-def _chat_reply(
-    call: _Call, number: int, content: str | None, finish_reason: str
-) -> dict[str, Any]:
-    completion = _tokens(content or "")
-    prompt = _tokens("x" * call.prompt_chars)
-    return {
-        "id": f"chatcmpl-fake-{number}",
-        "object": "chat.completion",
-        "created": _CREATED,
-        "model": call.model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": content},
-                "finish_reason": finish_reason,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        },
-    }
-
-
-def _responses_reply(
-    call: _Call,
-    number: int,
-    text: str | None,
-    status: str,
-    *,
-    with_message: bool = True,
-    incomplete_reason: str | None = None,
-) -> dict[str, Any]:
-    # Every field a Responses-API client requires is present (ids, annotations, tool settings,
-    # token details), so that clients that validate replies, such as NeMo Gym's model servers,
-    # accept them.
-    output: list[dict[str, Any]] = [
-        {
-            "id": f"rs-fake-{number}",
-            "type": "reasoning",
-            "summary": [{"type": "summary_text", "text": REASONING}],
-        }
-    ]
-    if with_message:
-        output.append(
-            {
-                "id": f"msg-fake-{number}",
-                "type": "message",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
-            }
-        )
-    reasoning = _tokens(REASONING)
-    completion = _tokens(REASONING + (text or ""))
-    prompt = _tokens("x" * call.prompt_chars)
-    reply: dict[str, Any] = {
-        "id": f"resp-fake-{number}",
-        "object": "response",
-        "created_at": _CREATED,
-        "status": status,
-        "model": call.model,
-        "output": output,
-        "parallel_tool_calls": False,
-        "tool_choice": "auto",
-        "tools": [],
-        "usage": {
-            "input_tokens": prompt,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": completion,
-            "output_tokens_details": {"reasoning_tokens": reasoning},
-            "total_tokens": prompt + completion,
-        },
-    }
-    if incomplete_reason is not None:
-        reply["incomplete_details"] = {"reason": incomplete_reason}
-    return reply
-
-
-def _completion(call: _Call, number: int, action: str, fields: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON body of a completed-looking reply for the actions that produce one."""
-    chat = call.api == "chat_completions"
-    if action == "verdict":
-        verdict = {k: fields[k] for k in ("score_1", "score_2", "ranking") if k in fields}
-        if chat:
-            content = f"<think>{REASONING}</think>\n{_fenced(verdict)}"
-            return _chat_reply(call, number, content, "stop")
-        return _responses_reply(call, number, _fenced(verdict), "completed")
-    if action == "text":
-        if chat:
-            return _chat_reply(call, number, fields["text"], fields.get("finish", "stop"))
-        return _responses_reply(call, number, fields["text"], fields.get("finish", "completed"))
-    if action == "empty":
-        if chat:
-            return _chat_reply(call, number, f"<think>{REASONING}</think>", "stop")
-        return _responses_reply(call, number, "", "completed")
-    if action == "null_content":
-        if chat:
-            return _chat_reply(call, number, None, "stop")
-        return _responses_reply(call, number, None, "completed")
-    if action == "finish":
-        if chat:
-            return _chat_reply(call, number, f"<think>{REASONING}</think>", fields["value"])
-        return _responses_reply(call, number, None, fields["value"], with_message=False)
-    if action == "budget_exhausted":
-        if chat:
-            return _chat_reply(call, number, f"<think>{UNFINISHED_REASONING}", "length")
-        return _responses_reply(
-            call,
-            number,
-            None,
-            "incomplete",
-            with_message=False,
-            incomplete_reason="max_output_tokens",
-        )
-    raise AssertionError(f"action {action!r} has no completion body")
-
-
-# --------------------------------------------------------------------------------------------
-# Request checks (CL-11)
-
-
-class _Rejected(Exception):
-    def __init__(self, status: int, problem: str) -> None:
-        super().__init__(problem)
-        self.status = status
-        self.problem = problem
-
-
-def _check_chat(body: Mapping[str, Any]) -> tuple[str, str, str | None, int]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _Rejected(400, "messages must be a non-empty array")
-    roles: list[str] = []
-    chars = 0
-    for index, message in enumerate(messages):
-        if not (
-            isinstance(message, Mapping)
-            and isinstance(message.get("role"), str)
-            and isinstance(message.get("content"), str)
-        ):
-            raise _Rejected(
-                400, f"messages[{index}] must be an object with string role and content"
-            )
-        roles.append(message["role"])
-        chars += len(message["content"])
-    if len(roles) < 2 or roles[-2:] != ["response_1", "response_2"]:
-        raise _Rejected(400, "the last two messages must have roles response_1 then response_2")
-    has_principle = len(roles) >= 3 and roles[-3] == "principle"
-    head = roles[: -3 if has_principle else -2]
-    for index, role in enumerate(head):
-        if role not in _STANDARD_ROLES:
-            raise _Rejected(400, f"messages[{index}] has unexpected role {role!r}")
-    principle = messages[-3]["content"] if has_principle else None
-    return messages[-2]["content"], messages[-1]["content"], principle, chars
-
-
-def _check_responses(body: Mapping[str, Any]) -> tuple[str, str, str | None, int]:
-    metadata = body.get("metadata")
-    if not isinstance(metadata, Mapping):
-        raise _Rejected(400, "metadata must be an object")
-    for key in ("response_1", "response_2"):
-        if not isinstance(metadata.get(key), str):
-            raise _Rejected(400, f"metadata.{key} must be a string")
-    principle = metadata.get("principle")
-    if principle is not None and not isinstance(principle, str):
-        raise _Rejected(400, "metadata.principle must be a string")
-    history = body.get("input", [])
-    if not isinstance(history, str | list):
-        raise _Rejected(400, "input must be a string or an array")
-    chars = len(json.dumps(history)) + sum(len(v) for v in metadata.values() if isinstance(v, str))
-    return metadata["response_1"], metadata["response_2"], principle, chars
-
-
-# --------------------------------------------------------------------------------------------
 # The judge
 
 
@@ -693,8 +214,8 @@ class FakeJudge:
         self._prefixes: OrderedDict[bytes, None] = OrderedDict()
         self.position_bias = float(position_bias)
         self.tie_ranking = float(tie_ranking)
-        self._fault_rates = _compile_fault_rates(fault_rates)
-        self._rules: list[_Rule] = []
+        self._fault_rates = compile_fault_rates(fault_rates)
+        self._rules: list[Rule] = []
         self.set_rules(rules or [])
         self._counters = _Counters()
         self._in_flight = 0
@@ -712,7 +233,7 @@ class FakeJudge:
         first bad rule, leaving the previous rules in place."""
         if isinstance(rules, str | bytes | Mapping):
             raise ValueError("rules must be a list")
-        self._rules = [_compile_rule(index, rule) for index, rule in enumerate(rules)]
+        self._rules = [compile_rule(index, rule) for index, rule in enumerate(rules)]
 
     def reset(self) -> None:
         """Zero the counters, forget recorded requests and rule usage; rules stay (CL-18).
@@ -805,7 +326,7 @@ class FakeJudge:
             header_map[name] = f"{header_map[name]}, {value}" if name in header_map else value
         if path in (_CHAT_PATH, _RESPONSES_PATH):
             if method != "POST":
-                return _error_reply(405, f"{path} accepts POST only", "route")
+                return error_reply(405, f"{path} accepts POST only", "route")
             api: Api = "chat_completions" if path == _CHAT_PATH else "responses"
             return self._judge_call(api, path, header_map, body, now)
         return self._control(method, path, query, body)
@@ -838,8 +359,8 @@ class FakeJudge:
             body = None
         try:
             call = self._check(api, headers, raw, body)
-        except _Rejected as rejected:
-            reply = _error_reply(rejected.status, rejected.problem)
+        except RequestRejected as rejected:
+            reply = error_reply(rejected.status, rejected.problem)
         else:
             reply = self._decide(call, number)
         reply = dataclasses.replace(reply, tracked=True)
@@ -862,29 +383,31 @@ class FakeJudge:
         self._notify()
         return reply
 
-    def _check(self, api: Api, headers: Mapping[str, str], raw: bytes, body: Any) -> _Call:
+    def _check(self, api: Api, headers: Mapping[str, str], raw: bytes, body: Any) -> Call:
         if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
-            raise _Rejected(401, "missing or wrong API key")
+            raise RequestRejected(401, "missing or wrong API key")
         if body is None and raw.strip() != b"null":
-            raise _Rejected(400, "body is not valid JSON")
+            raise RequestRejected(400, "body is not valid JSON")
         if not isinstance(body, dict):
-            raise _Rejected(400, "body is not a JSON object")
+            raise RequestRejected(400, "body is not a JSON object")
         model = body.get("model")
         if self.model is not None and model != self.model:
-            raise _Rejected(400, f"model {model!r} is not served here; expected {self.model!r}")
+            raise RequestRejected(
+                400, f"model {model!r} is not served here; expected {self.model!r}"
+            )
         if model is not None and not isinstance(model, str):
-            raise _Rejected(400, "model must be a string")
+            raise RequestRejected(400, "model must be a string")
         if api == "chat_completions":
-            response_1, response_2, principle, chars = _check_chat(body)
+            response_1, response_2, principle, chars = check_chat(body)
             before = body["messages"][:-2]
         else:
-            response_1, response_2, principle, chars = _check_responses(body)
+            response_1, response_2, principle, chars = check_responses(body)
             before = [body.get("input", []), principle]
         prefix = b""
         if self.prefix_cache is not None:
             encoded = json.dumps(before, sort_keys=True).encode()
             prefix = hashlib.blake2b(encoded, digest_size=16).digest()
-        return _Call(
+        return Call(
             api,
             model or self.model or DEFAULT_MODEL,
             response_1,
@@ -894,7 +417,7 @@ class FakeJudge:
             prefix,
         )
 
-    def _decide(self, call: _Call, number: int) -> FakeReply:
+    def _decide(self, call: Call, number: int) -> FakeReply:
         action, fields, extra_delay = self._select(call, number)
         if action == "hang":
             return FakeReply("hang", 0, (), b"", action)
@@ -919,7 +442,7 @@ class FakeJudge:
         self._counters.prefix_misses += 1
         return model.miss_s
 
-    def _select(self, call: _Call, number: int) -> tuple[str, Mapping[str, Any], float]:
+    def _select(self, call: Call, number: int) -> tuple[str, Mapping[str, Any], float]:
         """The action for a checked call: first applicable rule, else a fault, else a verdict.
 
         A rule's ``after`` and ``times`` count the calls its ``match`` applies to: it applies to
@@ -943,12 +466,12 @@ class FakeJudge:
         score_1, score_2, ranking = self.verdict(call.response_1, call.response_2)
         return "verdict", {"score_1": score_1, "score_2": score_2, "ranking": ranking}, 0.0
 
-    def _build(self, call: _Call, number: int, action: str, fields: Mapping[str, Any]) -> FakeReply:
+    def _build(self, call: Call, number: int, action: str, fields: Mapping[str, Any]) -> FakeReply:
         if action == "http_status":
             headers: list[tuple[str, str]] = [("content-type", "application/json")]
             if "retry_after" in fields:
                 headers.append(("retry-after", str(fields["retry_after"])))
-            body = _body_bytes(fields["body"]) if "body" in fields else INJECTED_ERROR_BODY
+            body = body_bytes(fields["body"]) if "body" in fields else INJECTED_ERROR_BODY
             return FakeReply("respond", fields["status"], tuple(headers), body, action)
         if action == "non_json":
             html = (("content-type", "text/html"),)
@@ -959,7 +482,7 @@ class FakeJudge:
                 "respond",
                 fields.get("status", 200),
                 (("content-type", content_type),),
-                _body_bytes(fields["body"]),
+                body_bytes(fields["body"]),
                 action,
             )
         if action == "close":
@@ -968,11 +491,11 @@ class FakeJudge:
             # The announced body is a normal verdict reply, so the cut lands inside valid JSON.
             score_1, score_2, ranking = self.verdict(call.response_1, call.response_2)
             verdict = {"score_1": score_1, "score_2": score_2, "ranking": ranking}
-            full = _completion(call, number, "verdict", verdict)
+            full = completion(call, number, "verdict", verdict)
             return FakeReply(
-                "truncate", 200, (("content-type", "application/json"),), _json_bytes(full), action
+                "truncate", 200, (("content-type", "application/json"),), json_bytes(full), action
             )
-        return _json_reply(200, _completion(call, number, action, fields), action)
+        return json_reply(200, completion(call, number, action, fields), action)
 
     def _control(self, method: str, path: str, query: str, body: bytes) -> FakeReply:
         """Routes that are not judge calls: models, health and the CL-18 control routes."""
@@ -985,42 +508,42 @@ class FakeJudge:
             "/_fake/requests": ("GET",),
         }
         if path not in routes:
-            return _error_reply(404, f"no route {path}", "route")
+            return error_reply(404, f"no route {path}", "route")
         if method not in routes[path]:
-            return _error_reply(405, f"{path} accepts {', '.join(routes[path])} only", "route")
+            return error_reply(405, f"{path} accepts {', '.join(routes[path])} only", "route")
         if path == "/v1/models":
             model = self.model or DEFAULT_MODEL
             listing = {
                 "object": "list",
                 "data": [
-                    {"id": model, "object": "model", "created": _CREATED, "owned_by": "genrm-trio"}
+                    {"id": model, "object": "model", "created": CREATED, "owned_by": "genrm-trio"}
                 ],
             }
-            return _json_reply(200, listing, "route")
+            return json_reply(200, listing, "route")
         if path == "/healthz":
-            return _json_reply(200, {"status": "ok"}, "route")
+            return json_reply(200, {"status": "ok"}, "route")
         if path == "/_fake/stats":
-            return _json_reply(200, self.stats(), "route")
+            return json_reply(200, self.stats(), "route")
         if path == "/_fake/reset":
             self.reset()
-            return _json_reply(200, self.stats(), "route")
+            return json_reply(200, self.stats(), "route")
         if path == "/_fake/requests":
             values = parse_qs(query).get("limit", [str(MAX_RECORDED_REQUESTS)])
             try:
                 limit = int(values[-1])
             except ValueError:
-                return _error_reply(400, "limit must be an integer", "route")
-            return _json_reply(200, self.requests(limit), "route")
+                return error_reply(400, "limit must be an integer", "route")
+            return json_reply(200, self.requests(limit), "route")
         if method == "GET":
-            return _json_reply(200, self.rules, "route")
+            return json_reply(200, self.rules, "route")
         try:
             rules = json.loads(body)
         except (UnicodeDecodeError, ValueError):
-            return _error_reply(400, "rules body is not valid JSON", "route")
+            return error_reply(400, "rules body is not valid JSON", "route")
         if not isinstance(rules, list):
-            return _error_reply(400, "rules body must be a JSON array", "route")
+            return error_reply(400, "rules body must be a JSON array", "route")
         try:
             self.set_rules(rules)
         except ValueError as error:
-            return _error_reply(400, str(error), "route")
-        return _json_reply(200, self.rules, "route")
+            return error_reply(400, str(error), "route")
+        return json_reply(200, self.rules, "route")
