@@ -14,6 +14,11 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-standard literal {name}")
 
 
+# One decoder for every call: ``json.loads`` with hooks builds a new one each time, which costs
+# as much as decoding a verdict.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_int=int_from_digits)
+
+
 def loads_standard(text: str) -> Any:
     """`text` decoded as standard JSON; ValueError (or RecursionError) when it is not."""
-    return json.loads(text, parse_constant=_reject_constant, parse_int=int_from_digits)
+    return _DECODER.decode(text)

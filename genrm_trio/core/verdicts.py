@@ -88,6 +88,10 @@ def _candidates(text: str) -> Iterator[str]:
 # by the OUT track starts a scan on that track; a '{' when no track is OUT starts a new one.
 # Tracks that land in the same state merge (smaller into larger), so the sweep costs
 # O(n log n) in the worst case instead of the O(n^2) of restarting a scan at every '{'.
+#
+# A judge's text nearly always keeps one track from start to end: a second one starts only at a
+# '{' read inside a string of the first. That case is swept first with a plain stack of open
+# braces, and the general sweep runs only when such a '{' turns up.
 _OUT, _IN, _ESC = 0, 1, 2
 _LEXEMES = re.compile(r'[{}"\\]')
 
@@ -116,6 +120,49 @@ def _join(kept: _Track | None, other: _Track) -> _Track:
 
 def _closing_braces(text: str) -> dict[int, int]:
     """For every '{' whose scan closes, the position of its closing '}'."""
+    closing = _closing_braces_one_track(text)
+    return _closing_braces_any(text) if closing is None else closing
+
+
+def _closing_braces_one_track(text: str) -> dict[int, int] | None:
+    """``_closing_braces`` while at most one track is alive; None when a second one starts."""
+    closing: dict[int, int] = {}
+    opened: list[int] = []  # the track's open '{' positions, innermost last
+    state = _OUT
+    after_last = 0
+    for lexeme in _LEXEMES.finditer(text):
+        position = lexeme.start()
+        char = text[position]
+        if not opened:  # no track alive: only a '{' matters, and it starts one outside strings
+            if char == "{":
+                opened.append(position)
+                state = _OUT
+            after_last = position + 1
+            continue
+        if state == _ESC and position > after_last:
+            state = _IN  # an ordinary character was the escaped one
+        after_last = position + 1
+        if state == _OUT:
+            if char == "{":
+                opened.append(position)
+            elif char == "}":
+                closing[opened.pop()] = position
+            elif char == '"':
+                state = _IN
+        elif char == "{":
+            return None  # read inside a string: a scan starting here is a second track
+        elif state == _IN:
+            if char == '"':
+                state = _OUT
+            elif char == "\\":
+                state = _ESC
+        else:
+            state = _IN  # the escaped character
+    return closing
+
+
+def _closing_braces_any(text: str) -> dict[int, int]:
+    """``_closing_braces`` with any number of tracks."""
     closing: dict[int, int] = {}
     tracks: dict[int, _Track] = {}
     after_last = 0

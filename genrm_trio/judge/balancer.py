@@ -66,6 +66,9 @@ class Pick(NamedTuple):
     probe: bool
 
 
+_ONLY = Pick(0, False)
+
+
 class Balancer:
     """Replica choice for every judge attempt of one server."""
 
@@ -93,6 +96,9 @@ class Balancer:
         self.load_factor = load_factor
         # Each replica's hash key: a digest of its URL (blake2b keys are at most 64 bytes).
         self._seeds = [hashlib.blake2b(url.encode()).digest()[:32] for url in urls]
+        # One judge, the common case: it is never ejected, so only its cap decides, and choosing
+        # and reporting take the short way.
+        self._only = self.replicas[0] if len(urls) == 1 else None
 
     # ---- choosing ----------------------------------------------------------------------------
 
@@ -101,6 +107,13 @@ class Balancer:
     ) -> Pick | None:
         """The replica for the next attempt, counted as in flight; None when every replica that
         could take it is at its cap."""
+        only = self._only
+        if only is not None:
+            if self.per_replica_cap is not None and only.in_flight >= self.per_replica_cap:
+                return None
+            only.in_flight += 1
+            only.attempts += 1
+            return _ONLY
         pick = self._pick(key, now, avoid, may_probe)
         if pick is not None:
             replica = self.replicas[pick.replica]
@@ -112,9 +125,6 @@ class Balancer:
 
     def _pick(self, key: str | None, now: float, avoid: int | None, may_probe: bool) -> Pick | None:
         replicas = self.replicas
-        if len(replicas) == 1:
-            # One judge, the common case: it is never ejected, so only its cap decides.
-            return Pick(0, False) if self._room(replicas[0]) else None
         if may_probe:
             for index, replica in enumerate(replicas):
                 if index != avoid and self._due_for_probe(replica, now) and self._room(replica):
@@ -181,6 +191,8 @@ class Balancer:
         about it (cancelled). Returns True when this ejected the replica."""
         replica = self.replicas[pick.replica]
         replica.in_flight -= 1
+        if self._only is not None:
+            return False
         if pick.probe:
             replica.probing = False
             if failed is None:
@@ -198,7 +210,7 @@ class Balancer:
             replica.consecutive_failures = 0
             return False
         replica.consecutive_failures += 1
-        if replica.consecutive_failures < self.eject_after or len(self.replicas) == 1:
+        if replica.consecutive_failures < self.eject_after:
             return False
         replica.consecutive_failures = 0
         replica.ejected_until = now + self.cooldown_s

@@ -211,13 +211,15 @@ class JudgeClient:
         )
         outcomes: list[AttemptOutcome] = []
         replica: int | None = None
+        max_attempts = self._max_attempts
+        attempt = 0
         while True:
+            attempt += 1
             # A retry prefers another replica. Only an attempt that leaves its comparison
             # another one may probe a replica back from ejection, unless no attempt ever does.
-            may_probe = len(outcomes) + 1 < self._max_attempts or self._max_attempts == 1
+            may_probe = attempt < max_attempts or max_attempts == 1
             outcome, label, replica = await self._attempt(body, lane, task, replica, may_probe)
             outcomes.append(outcome)
-            attempt = len(outcomes)
             if isinstance(outcome, ParseFailure) and outcome.exhausted:
                 logger.warning(
                     budget_exhausted_log_text(
@@ -310,29 +312,23 @@ class JudgeClient:
         """One judge HTTP request, holding a concurrency slot for exactly its duration: its
         outcome, the outcome's metrics label and the replica it went to."""
         timeout = self._config.judge_request_timeout_s
-        asked = trio.current_time()
-        await self.slots.acquire(lane)
+        asked = started = trio.current_time()
+        if await self.slots.acquire(lane):
+            started = trio.current_time()
         pick: Pick | None = None
         label = "cancelled"
-        started = asked
         try:
-            balancer = self.balancer
-            pick = balancer.choose(task.group_key, asked, avoid=previous, may_probe=may_probe)
-            while pick is None:  # every replica that could take it is at its own cap
-                self._waiting_for_replica += 1
-                try:
-                    await self._replica_freed.wait()
-                finally:
-                    self._waiting_for_replica -= 1
-                pick = balancer.choose(
-                    task.group_key, trio.current_time(), avoid=previous, may_probe=may_probe
-                )
-            started = trio.current_time()
+            pick = self.balancer.choose(
+                task.group_key, started, avoid=previous, may_probe=may_probe
+            )
+            if pick is None:  # every replica that could take it is at its own cap
+                pick = await self._wait_for_replica(task.group_key, previous, may_probe)
+                started = trio.current_time()
             self.metrics.slot_wait_seconds.observe(started - asked)
             self._attempts_total += 1
             # J-27: the deadline starts once the slot is held and covers the whole exchange;
             # the transport's connect timeout is only a second line behind it.
-            with trio.move_on_after(timeout):
+            with trio.CancelScope(deadline=started + timeout):
                 try:
                     outcome, label = await self._exchange(body, self._transports[pick.replica])
                 except ConnectTimedOut:
@@ -346,6 +342,22 @@ class JudgeClient:
             if pick is not None:
                 self._attempt_ended(pick, label, started)
             self.slots.release()
+
+    async def _wait_for_replica(
+        self, key: str | None, previous: int | None, may_probe: bool
+    ) -> Pick:
+        """Wait until a replica that could take the attempt has room under its own cap."""
+        while True:
+            self._waiting_for_replica += 1
+            try:
+                await self._replica_freed.wait()
+            finally:
+                self._waiting_for_replica -= 1
+            pick = self.balancer.choose(
+                key, trio.current_time(), avoid=previous, may_probe=may_probe
+            )
+            if pick is not None:
+                return pick
 
     def _attempt_ended(self, pick: Pick, label: str, started: float) -> None:
         now = trio.current_time()

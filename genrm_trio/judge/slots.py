@@ -150,12 +150,13 @@ class JudgeSlots:
     def promote(self, lane: Lane) -> None:
         self.queue.promote(lane)
 
-    async def acquire(self, lane: Lane) -> None:
+    async def acquire(self, lane: Lane) -> bool:
         """Hold a slot on return; a free slot with nobody waiting is taken without a checkpoint,
-        so the request goes out in this scheduling round rather than the next."""
+        so the request goes out in this scheduling round rather than the next. True when the
+        caller had to wait (and time may have passed)."""
         queue = self.queue
         if queue.try_acquire():
-            return
+            return False
         ticket = queue.enqueue(lane)
         ticket.wake = trio.Event()
         try:
@@ -164,6 +165,7 @@ class JudgeSlots:
             # Cancelled while waiting, or after the grant but before running again.
             _wake(queue.cancel(ticket))
             raise
+        return True
 
     def release(self) -> None:
         _wake(self.queue.release())

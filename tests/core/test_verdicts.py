@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from genrm_trio.core import verdicts
 from genrm_trio.core.verdicts import Verdict, mapped_back, parse_verdict
 
 
@@ -285,3 +286,33 @@ def test_scanning_matches_the_literal_algorithm_on_brace_soup(text: str) -> None
 def test_parse_verdict_never_raises(text: str) -> None:
     verdict = parse(text)
     assert verdict is None or all(math.isfinite(x) for x in verdict)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.text(alphabet=st.sampled_from('{}"\\a '), max_size=40))
+def test_the_one_track_sweep_agrees_with_the_general_one(text: str) -> None:
+    # The sweep for the common case may give up, but when it answers it must be the same answer.
+    quick = verdicts._closing_braces_one_track(text)
+    assert quick is None or quick == verdicts._closing_braces_any(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": "{"}',  # a '{' inside a string starts a second scan there
+        '{"a": "x\\"{"} {"score_1": 2}',
+        '{"a": "\\{"}',
+    ],
+)
+def test_a_brace_inside_a_string_is_left_to_the_general_sweep(text: str) -> None:
+    assert verdicts._closing_braces_one_track(text) is None
+    assert parse(text) == _reference_parse(text)
+
+
+def test_an_ordinary_judge_text_takes_the_one_track_sweep() -> None:
+    text = (
+        'Response 1 handles {edge cases}; "quoted \\"text\\"" stays a string.\n'
+        '```json\n{"score_1": 4, "score_2": 2, "ranking": 2, "note": {"x": "y"}}\n```'
+    )
+    assert verdicts._closing_braces_one_track(text) == verdicts._closing_braces_any(text)
+    assert parse(text) == (4, 2, 2)
