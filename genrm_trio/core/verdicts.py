@@ -30,6 +30,14 @@ def parse_verdict(text: str, *, default_score: float, default_ranking: float) ->
     text (last valid candidate wins).
     """
     for block in _json_fences(text):
+        # The usual block is one JSON object and nothing else. When it is valid, it is the
+        # block's first candidate: the scan from its opening brace follows JSON's own strings
+        # and nesting, so it closes at the object's last brace.
+        whole = block.strip()
+        if whole[:1] == "{" and whole[-1:] == "}":
+            verdict = _verdict_of(whole, default_score, default_ranking)
+            if verdict is not None:
+                return verdict
         for candidate in _candidates(block):
             verdict = _verdict_of(candidate, default_score, default_ranking)
             if verdict is not None:
@@ -205,8 +213,8 @@ def _closing_braces_any(text: str) -> dict[int, int]:
     return closing
 
 
-_VERDICT_KEYS = ("score_1", "score_2", "ranking")
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_ABSENT: Any = object()
 
 
 def _verdict_of(candidate: str, default_score: float, default_ranking: float) -> Verdict | None:
@@ -220,16 +228,19 @@ def _verdict_of(candidate: str, default_score: float, default_ranking: float) ->
     overall = decoded.get("overall")
     if isinstance(overall, dict):
         decoded = overall
-    if not any(key in decoded for key in _VERDICT_KEYS):
+    score_1 = decoded.get("score_1", _ABSENT)
+    score_2 = decoded.get("score_2", _ABSENT)
+    ranking = decoded.get("ranking", _ABSENT)
+    if score_1 is _ABSENT and score_2 is _ABSENT and ranking is _ABSENT:
         return None
-    defaults = (default_score, default_score, default_ranking)
-    numbers: list[float] = []
-    for key, default in zip(_VERDICT_KEYS, defaults, strict=True):
-        number = _number(decoded[key]) if key in decoded else default
-        if number is None or not math.isfinite(number):
-            return None
-        numbers.append(number)
-    return Verdict(*numbers)
+    number_1 = default_score if score_1 is _ABSENT else _number(score_1)
+    number_2 = default_score if score_2 is _ABSENT else _number(score_2)
+    number_3 = default_ranking if ranking is _ABSENT else _number(ranking)
+    if number_1 is None or number_2 is None or number_3 is None:
+        return None
+    if not (math.isfinite(number_1) and math.isfinite(number_2) and math.isfinite(number_3)):
+        return None
+    return Verdict(number_1, number_2, number_3)
 
 
 def _number(value: Any) -> float | None:

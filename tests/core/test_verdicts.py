@@ -316,3 +316,18 @@ def test_an_ordinary_judge_text_takes_the_one_track_sweep() -> None:
     )
     assert verdicts._closing_braces_one_track(text) == verdicts._closing_braces_any(text)
     assert parse(text) == (4, 2, 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('```json\n {"score_1": 4, "note": "}{\\"{"}\n```', (4, 3, 3.5)),
+        ('```json\n{"overall": {"ranking": 2}, "score_1": 6}\n```', (3, 3, 2)),
+        ('```json\n{"score_1": 4} then {"score_1": 1}\n```', (4, 3, 3.5)),
+        ('```json\n{"score_1": "high"}\n```{"score_2": 5}', (3, 5, 3.5)),
+    ],
+)
+def test_a_fenced_block_reads_as_the_literal_algorithm_does(
+    text: str, expected: tuple[float, float, float]
+) -> None:
+    assert parse(text) == expected == _reference_parse(text)
