@@ -42,6 +42,12 @@ async def wait_until(predicate: Any) -> None:
         await trio.sleep(0.01)
 
 
+async def stored_and_waiting(engine: SharedEngine) -> None:
+    """One request waits at ``engine`` and its member is in the store: the waiter is listed
+    before the transaction's EXEC, so only an empty queue says the EXEC was answered."""
+    await wait_until(lambda: engine.statistics().waiters == 1 and engine.queued == 0)
+
+
 async def test_members_at_different_engines_form_one_group(
     shared_redis_server: RedisServer,
 ) -> None:
@@ -76,9 +82,9 @@ async def test_a_duplicate_at_another_engine_waits_for_the_same_outcome(
         async with trio.open_nursery() as nursery:
             first: list[Outcome] = []
             nursery.start_soon(lambda: _append(first, verify(a, member(0, 4))))
-            await wait_until(lambda: a.statistics().waiters == 1)
+            await stored_and_waiting(a)
             nursery.start_soon(lambda: _append(first, verify(b, member(0, 4))))
-            await wait_until(lambda: b.statistics().waiters == 1)
+            await stored_and_waiting(b)
             last = await verify(b, member(1, 2))
         assert [o.reward for o in first] == [4.0, 4.0]  # type: ignore[union-attr]
         assert isinstance(last, Scored) and last.reward == 2.0
@@ -96,7 +102,7 @@ async def test_supersession_at_another_engine_answers_the_old_waiters(
         async with trio.open_nursery() as nursery:
             old: list[Outcome] = []
             nursery.start_soon(lambda: _append(old, verify(a, member(0))))
-            await wait_until(lambda: a.statistics().waiters == 1)
+            await stored_and_waiting(a)
             new = await send_all([(b, member(0, 4, a=1)), (a, member(1, 2, a=1))])
         assert old == [Rejected(503, SUPERSEDED)]
         assert rewards(new) == {0: 4.0, 1: 2.0}
@@ -111,7 +117,7 @@ async def test_collection_deadline_fires_without_the_engine_that_started_the_gro
         async with trio.open_nursery() as nursery:
             early: list[Outcome] = []
             nursery.start_soon(lambda: _append(early, verify(a, member(0))))
-            await wait_until(lambda: a.statistics().waiters == 1)
+            await stored_and_waiting(a)
             await a.shutdown()  # the engine that started the group is gone
         assert early == [Rejected(503, "GenRM server is shutting down")]
         await trio.sleep(0.5)
@@ -150,7 +156,7 @@ async def test_a_stalled_owner_loses_its_lease_and_its_late_result_is_refused(
         async with trio.open_nursery() as nursery:
             waiting: list[Outcome] = []
             nursery.start_soon(lambda: _append(waiting, verify(b, member(0, 4))))
-            await wait_until(lambda: b.statistics().waiters == 1)
+            await stored_and_waiting(b)
             # The last member reaches engine a, which claims the evaluation and then stalls
             # (neither judging nor renewing its lease); b takes it over once the lease expires
             # and holds it (judging, renewing) while a wakes up.
@@ -186,7 +192,7 @@ async def test_duplicated_notifications_answer_each_waiter_once(
         async with trio.open_nursery() as nursery:
             waiting: list[Outcome] = []
             nursery.start_soon(lambda: _append(waiting, verify(a, member(0, 4))))
-            await wait_until(lambda: a.statistics().waiters == 1)
+            await stored_and_waiting(a)
             # Notifications naming records nobody waits on, and none at all, change nothing.
             await a.store.call("PUBLISH", a.store.channel, "no-such-record")
             [rid] = list(a._waiting)
@@ -246,7 +252,7 @@ async def test_count_cap_evicts_results_and_watermarks_in_order(
         async with trio.open_nursery() as nursery:
             fresh: list[Outcome] = []
             nursery.start_soon(lambda: _append(fresh, verify(a, member(0, 4, g="g1"))))
-            await wait_until(lambda: a.statistics().waiters == 1)
+            await stored_and_waiting(a)
             await verify(b, member(1, 3, g="g1"))
         # Judged anew, as a fresh group: two more judge calls (counted below).
         assert isinstance(fresh[0], Scored) and fresh[0].reward == 4.0
@@ -291,7 +297,7 @@ async def test_a_waiter_is_answered_across_a_store_restart(redis_server: RedisSe
         async with trio.open_nursery() as nursery:
             waiting: list[Outcome] = []
             nursery.start_soon(lambda: _append(waiting, verify(a, member(0, 4))))
-            await wait_until(lambda: a.statistics().waiters == 1)
+            await stored_and_waiting(a)
             redis_server.kill()
             redis_server.start()  # AOF with appendfsync always: the member survived
             await trio.sleep(0.3)
@@ -373,7 +379,7 @@ async def test_an_owner_gone_during_evaluation_is_taken_over(
         async with trio.open_nursery() as nursery:
             waiting: list[Outcome] = []
             nursery.start_soon(lambda: _append(waiting, verify(b, member(0, 4))))
-            await wait_until(lambda: b.statistics().waiters == 1)
+            await stored_and_waiting(b)
             nursery.start_soon(lambda: _append(waiting, verify(a, member(1, 2))))
             await judging.wait()
             await a.shutdown()  # the owner goes away mid-evaluation; the group is not failed
@@ -398,7 +404,7 @@ async def test_a_non_judge_error_in_the_owner_fails_the_group_everywhere(
         async with trio.open_nursery() as nursery:
             waiting: list[Outcome] = []
             nursery.start_soon(lambda: _append(waiting, verify(b, member(0, 4))))
-            await wait_until(lambda: b.statistics().waiters == 1)
+            await stored_and_waiting(b)
             waiting.append(await verify(a, member(1, 2)))  # a fills the group and owns it
             await wait_until(lambda: len(waiting) == 2)
         failed = Rejected(503, "GenRM cohort evaluation failed: RuntimeError: boom")
@@ -470,7 +476,7 @@ async def test_a_supersession_at_another_engine_stops_the_owners_judge_calls(
         async with trio.open_nursery() as nursery:
             old: list[Outcome] = []
             nursery.start_soon(lambda: _append(old, verify(b, member(0))))
-            await wait_until(lambda: b.statistics().waiters == 1)
+            await stored_and_waiting(b)
             nursery.start_soon(lambda: _append(old, verify(a, member(1))))
             await judging.wait()
             assert a.statistics().evaluating == 1
