@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
+from typing import TypeVar
 
 from genrm_trio.core.groups import Masked, Outcome, Scored
 
@@ -37,20 +38,18 @@ FAST_BUCKETS = (0.00001, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0
 
 
 class Histogram:
-    """Counts of observations per bucket (upper bounds inclusive), their sum and number."""
+    """Counts of observations per bucket (upper bounds inclusive) and their sum."""
 
-    __slots__ = ("bounds", "count", "counts", "sum")
+    __slots__ = ("bounds", "counts", "sum")
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds = tuple(bounds)
         self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
         self.sum = 0.0
-        self.count = 0
 
     def observe(self, value: float) -> None:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
-        self.count += 1
 
     def cumulative(self) -> list[tuple[float, int]]:
         """(upper bound, observations at or below it), ending with +Inf."""
@@ -83,8 +82,11 @@ def verify_label(outcome: Outcome, *, replay: bool) -> str:
     return "conflict" if outcome.status == 409 else "unavailable"
 
 
-def _bump(counts: dict[str, int], label: str) -> None:
-    counts[label] = counts.get(label, 0) + 1
+K = TypeVar("K")
+
+
+def _bump(counts: dict[K, int], key: K) -> None:
+    counts[key] = counts.get(key, 0) + 1
 
 
 class ServerMetrics:
@@ -118,19 +120,14 @@ class ServerMetrics:
         _bump(self.comparisons, outcome)
 
     def judge_attempt(self, replica: str, outcome: str, seconds: float) -> None:
-        key = (replica, outcome)
-        self.judge_attempts[key] = self.judge_attempts.get(key, 0) + 1
+        _bump(self.judge_attempts, (replica, outcome))
         histogram = self.attempt_seconds.get(replica)
         if histogram is None:
             histogram = self.attempt_seconds[replica] = Histogram(ATTEMPT_BUCKETS)
         histogram.observe(seconds)
 
     def judge_retry(self, replica: str, reason: str) -> None:
-        key = (replica, reason)
-        self.judge_retries[key] = self.judge_retries.get(key, 0) + 1
+        _bump(self.judge_retries, (replica, reason))
 
     def ejection(self, replica: str) -> None:
         _bump(self.replica_ejections, replica)
-
-    def attempts_total(self) -> int:
-        return sum(self.judge_attempts.values())

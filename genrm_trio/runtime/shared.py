@@ -124,7 +124,7 @@ class SharedEngine(Engine):
             scope.cancel()
 
     async def _close_connections(self) -> None:
-        await self.judge.aclose()
+        await super()._close_connections()
         await self.store.aclose()
 
     # ---- /verify -------------------------------------------------------------------------------
