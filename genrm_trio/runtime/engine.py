@@ -324,6 +324,10 @@ class Engine:
     async def _owned(self, fn: Any, *args: Any) -> None:
         try:
             await fn(*args)
+        except Exception as exc:
+            # Each task ends its own group's work with a reason before this point; a defect
+            # that still escapes is logged here and never closes the server's nursery.
+            log.error("GenRM background task %s failed", fn.__name__, exc_info=exc)
         finally:
             self._owned_tasks -= 1
             if self._owned_tasks == 0 and self._shutdown_started:

@@ -205,6 +205,7 @@ class SharedEngine(Engine):
 
     async def _flush(self, ref: str) -> None:
         batch: list[_Arriving] = []
+        reason = messages.SHUTTING_DOWN
         try:
             while True:
                 batch = self._queued[ref]
@@ -213,11 +214,15 @@ class SharedEngine(Engine):
                     return
                 self._queued[ref] = []
                 await self._apply_batch(ref, batch)
+        except Exception as exc:
+            reason = f"GenRM group store transaction failed: {messages.exception_text(exc)}"
+            raise
         finally:
-            # Cancelled (shutdown): whoever still waits for a transaction is told so.
+            # Cancelled (shutdown) or a defect: whoever still waits for a transaction is told
+            # so at once, never left waiting.
             unanswered = [a for a in batch + self._queued.pop(ref, []) if not a.done.is_set()]
             for arriving in unanswered:
-                arriving.failed = Rejected(503, messages.SHUTTING_DOWN)
+                arriving.failed = Rejected(503, reason)
                 arriving.done.set()
 
     async def _apply_batch(self, ref: str, batch: list[_Arriving]) -> None:
@@ -343,6 +348,11 @@ class SharedEngine(Engine):
             except (StoreUnavailable, StoreFailed):
                 self.subscribed = False
                 await trio.sleep(self.poll_s)
+            except Exception as exc:
+                # A defect must not end the engine: the sweep still answers every waiter.
+                log.error("GenRM notification listener failed; subscribing again", exc_info=exc)
+                self.subscribed = False
+                await trio.sleep(self.poll_s)
             finally:
                 self.subscribed = False
                 await connection.aclose()
@@ -370,14 +380,43 @@ class SharedEngine(Engine):
                 await self.sweep_once()
             except StoreFailed as exc:
                 log.debug("GenRM group store sweep failed: %s", exc)
+            except Exception as exc:
+                # Never the end of the engine: the next sweep runs, and requests go on.
+                log.error("GenRM group store sweep failed", exc_info=exc)
 
     async def sweep_once(self) -> None:
-        """One sweep (a test harness on a mock clock runs them at the instants it chooses)."""
+        """One sweep (a test harness on a mock clock runs them at the instants it chooses).
+
+        A defect in one group's transition fails that group with its reason and the sweep goes
+        on with the others; the store being unreachable ends the sweep until the next one.
+        """
         await self._poll_waiters()
         for ref in await self.store.due(self.store.due_set):
-            self._after(await self.store.transact(ref, self._collection_expired))
+            await self._sweep_group(ref, self._collection_expired)
         for ref in await self.store.due(self.store.lease_set):
-            self._after(await self.store.transact(ref, self._take_over))
+            await self._sweep_group(ref, self._take_over)
+
+    async def _sweep_group(self, ref: str, step: Callable[[Transaction[Any]], None]) -> None:
+        try:
+            tx = await self.store.transact(ref, step)
+        except StoreFailed:
+            raise
+        except Exception as exc:
+            log.error("GenRM group store sweep failed for ref='%s'", ref, exc_info=exc)
+            text = messages.evaluation_failed(exc)
+
+            def fail(tx: Transaction[Any]) -> None:
+                if tx.loaded is not None and tx.loaded.phase.active:
+                    tx.registry.fail_evaluation(tx.loaded, text, tx.now)
+
+            try:
+                tx = await self.store.transact(ref, fail)
+            except StoreFailed:
+                raise
+            except Exception as again:
+                log.error("GenRM could not fail group ref='%s'", ref, exc_info=again)
+                return
+        self._after(tx)
 
     @staticmethod
     def _collection_expired(tx: Transaction[Any]) -> None:

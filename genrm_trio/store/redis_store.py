@@ -15,7 +15,9 @@ stores, and every deadline it looks up, then comes from that clock instead.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import random
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +35,14 @@ from genrm_trio.store.records import (
     encode_record,
     encode_watermark,
 )
-from genrm_trio.store.resp import Arg, Client, ServerError, StoreAddress, StoreUnavailable
+from genrm_trio.store.resp import (
+    Arg,
+    Client,
+    Connection,
+    ServerError,
+    StoreAddress,
+    StoreUnavailable,
+)
 
 log = logging.getLogger("genrm_trio")
 
@@ -85,11 +94,50 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(AR
 """
 
 
+# WATCH conflicts on one group: retried at once, then after a jittered pause that doubles up to
+# a cap, so the writers that collided spread out instead of colliding again in step. After the
+# bound the request is answered 503 and may be resent; nothing of it was written.
+MAX_CONFLICTS = 32
+CONFLICT_PAUSE_S = 0.002
+CONFLICT_PAUSE_CAP_S = 0.1
+
+
 class StoreFailed(Exception):
     """The store is unreachable or answered an error; nothing of the transition was applied."""
 
-    def __init__(self, address: str, cause: BaseException) -> None:
+    def __init__(self, address: str, cause: BaseException | str) -> None:
         super().__init__(f"GenRM group store {address} is unavailable: {cause}")
+
+
+class StoreContended(StoreFailed):
+    """The group's keys changed under every attempt up to the bound; nothing was applied."""
+
+    def __init__(self, address: str, ref: str, attempts: int) -> None:
+        Exception.__init__(
+            self,
+            f"GenRM group store {address}: group {ref!r} changed under {attempts} transactions "
+            "in a row; nothing was written, resend the request",
+        )
+
+
+class Script:
+    """A Lua script run by EVALSHA; loaded again when the server answers NOSCRIPT (a restart,
+    SCRIPT FLUSH)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.sha = hashlib.sha1(text.encode()).hexdigest()
+
+    def command(self, keys: list[Arg], args: list[Arg]) -> list[Arg]:
+        return ["EVALSHA", self.sha, len(keys), *keys, *args]
+
+    @staticmethod
+    def missing(reply: Any) -> bool:
+        return isinstance(reply, ServerError) and str(reply).startswith("NOSCRIPT")
+
+
+_TRIM_SCRIPT = Script(_TRIM)
+_DUE_SCRIPT = Script(_DUE)
 
 
 def group_ref(group_id: str | None, legacy_key: str | None) -> str:
@@ -150,6 +198,8 @@ class RedisGroupStore:
         self.lease_set = f"{prefix}leases"
         self.transactions = 0
         self.conflicts = 0
+        self.max_conflicts = MAX_CONFLICTS
+        self.jitter = random.Random()  # a harness seeds it for repeatable runs
         self.available = True
         self.last_error: str | None = None
 
@@ -211,6 +261,7 @@ class RedisGroupStore:
         if group_id is not None:
             watched.append(self.watermark_key(group_id))
         fresh = False
+        conflicts = 0
         try:
             while True:
                 self.transactions += 1
@@ -260,19 +311,38 @@ class RedisGroupStore:
                         if undo is not None:
                             undo()
                         raise
-                    if outcome[len(writes) + 1] is None:
-                        if undo is not None:
-                            undo()
-                        self.conflicts += 1
-                        continue
-                    for reply in outcome:
-                        if isinstance(reply, ServerError):
-                            raise reply
-                    self._emit(tx)
-                    self._reached()
-                    return tx
+                    committed = outcome[len(writes) + 1] is not None
+                    if committed:
+                        if writes and Script.missing(outcome[-1]):
+                            # The trim runs after EXEC and only prunes: load it and run it again.
+                            await self._load_and_trim(connection, now)
+                            outcome.pop()
+                        for reply in outcome:
+                            if isinstance(reply, ServerError):
+                                raise reply
+                        self._emit(tx)
+                        self._reached()
+                        return tx
+                    if undo is not None:
+                        undo()
+                    self.conflicts += 1
+                # Outside the connection's block: a pause holds no pooled connection.
+                conflicts += 1
+                if conflicts >= self.max_conflicts:
+                    raise StoreContended(self.name, ref, conflicts)
+                if conflicts > 1:
+                    cap = min(CONFLICT_PAUSE_CAP_S, CONFLICT_PAUSE_S * 2 ** (conflicts - 2))
+                    await trio.sleep(self.jitter.uniform(0, cap))
         except (StoreUnavailable, ServerError) as exc:
             raise self._failed(exc) from exc
+
+    async def _load_and_trim(self, connection: Connection, now: float) -> None:
+        loaded, trimmed = await connection.pipeline(
+            [["SCRIPT", "LOAD", _TRIM_SCRIPT.text], self._trim_command(now)]
+        )
+        for reply in (loaded, trimmed):
+            if isinstance(reply, ServerError):
+                raise reply
 
     def _run_step(
         self,
@@ -412,18 +482,10 @@ class RedisGroupStore:
     def _trim_command(self, now: float) -> list[Arg]:
         ttl = self.config.cohort_result_ttl_s
         cutoff: Arg = "none" if ttl is None else repr(now - ttl)
-        return [
-            "EVAL",
-            _TRIM,
-            3,
-            self._terminal,
-            self._idle,
-            self._legacy_done,
-            self.config.max_terminal_cohorts,
-            cutoff,
-            f"{self.prefix}r:",
-            f"{self.prefix}w:",
-        ]
+        return _TRIM_SCRIPT.command(
+            [self._terminal, self._idle, self._legacy_done],
+            [self.config.max_terminal_cohorts, cutoff, f"{self.prefix}r:", f"{self.prefix}w:"],
+        )
 
     @staticmethod
     def _emit(tx: Transaction[Any]) -> None:
@@ -442,11 +504,16 @@ class RedisGroupStore:
 
     async def due(self, sorted_set: str, limit: int = 256) -> list[str]:
         """Groups whose collection deadline or evaluation lease has passed (store clock)."""
-        args: list[Arg] = ["EVAL", _DUE, 1, sorted_set, limit]
+        args: list[Arg] = [limit]
         if self.clock is not None:
             args.append(repr(self.clock()))
-        members = await self.call(*args)
-        return [member.decode() for member in members]
+        command = _DUE_SCRIPT.command([sorted_set], args)
+        replies = await self.pipeline([command])
+        if Script.missing(replies[0]):
+            _, replies[0] = await self.pipeline([["SCRIPT", "LOAD", _DUE_SCRIPT.text], command])
+        if isinstance(replies[0], ServerError):
+            raise self._failed(replies[0])
+        return [member.decode() for member in replies[0]]
 
     async def counts(self) -> dict[str, int]:
         """Active groups, retained records and watermarks of this deployment (/healthz)."""
@@ -471,13 +538,3 @@ class RedisGroupStore:
 
     async def aclose(self) -> None:
         await self.client.aclose()
-
-
-async def wait_for_store(store: RedisGroupStore) -> None:
-    """Return once the store answers PING (used at start-up)."""
-    while True:
-        try:
-            await store.call("PING")
-            return
-        except StoreFailed:
-            await trio.sleep(0.1)
