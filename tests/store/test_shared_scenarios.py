@@ -13,8 +13,10 @@ import pytest
 from genrm_trio.store.redis_store import RedisGroupStore
 from genrm_trio.testing.redis_server import RedisServer
 from genrm_trio.testing.scenarios import (
+    SHARED_BURST_SHAPE,
     SHARED_SHAPE,
     Advance,
+    Burst,
     Fault,
     Kill,
     Notify,
@@ -178,3 +180,39 @@ def test_shared_mode_steps_change_nothing_in_memory() -> None:
     report = run_scenario(Scenario(seed=0, settings=SETTINGS, faults=(), steps=steps))
     assert report.ok, report.reproduction()
     assert report.counts["scored"] == 2 and report.counts["cancelled requests"] == 0
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_seeded_bursts_of_arrivals_at_both_engines(
+    seed: int, shared_redis_server: RedisServer
+) -> None:
+    # Runs of members posted at the same instant, each to the engine the seed picks: their
+    # transactions race on the same groups' keys at both engines.
+    scenario = generate(seed, SHARED_BURST_SHAPE)
+    assert any(isinstance(step, Burst) for step in scenario.steps)
+    report = run_scenario(
+        scenario,
+        via="shared",
+        store_url=shared_redis_server.url,
+        restart_store=restarter(shared_redis_server),
+    )
+    assert report.ok, report.reproduction()
+    assert report.steps_run == len(scenario.steps)
+    assert report.counts["scored"] > 0
+
+
+def test_a_group_started_and_another_filled_at_once_at_both_engines(
+    shared_redis_server: RedisServer,
+) -> None:
+    # Seed 0 routes requests 0, 1 and 3 to engine 1 and request 2 to engine 0 (see the routing
+    # test above): in the burst, "g" starts at engine 1 while "h" fills at engine 0.
+    report = play(
+        shared_redis_server,
+        (
+            Post((0,), "h", 0, 1, quality=5),
+            Burst((Post((1,), "g", 0, 0, quality=2), Post((2,), "h", 0, 0, quality=1))),
+            Post((3,), "g", 0, 1, quality=4),
+        ),
+    )
+    assert report.ok, report.reproduction()
+    assert report.counts["scored"] == 4

@@ -28,12 +28,19 @@ Modules: `steps` (what a scenario is made of), `generator`, `model`, `runner` (d
 step runner), `shrinker`, and `runs` (`run_scenario` and `run_seeds`).
 """
 
-from genrm_trio.testing.scenarios.generator import AS160_SHAPE, SHARED_SHAPE, Shape, generate
+from genrm_trio.testing.scenarios.generator import (
+    AS160_SHAPE,
+    SHARED_BURST_SHAPE,
+    SHARED_SHAPE,
+    Shape,
+    generate,
+)
 from genrm_trio.testing.scenarios.runner import ScenarioReport, play
 from genrm_trio.testing.scenarios.runs import run_scenario, run_seeds
 from genrm_trio.testing.scenarios.shrinker import shrink
 from genrm_trio.testing.scenarios.steps import (
     Advance,
+    Burst,
     Disconnect,
     Fault,
     Kill,
@@ -50,8 +57,10 @@ from genrm_trio.testing.scenarios.steps import (
 
 __all__ = [
     "AS160_SHAPE",
+    "SHARED_BURST_SHAPE",
     "SHARED_SHAPE",
     "Advance",
+    "Burst",
     "Disconnect",
     "Fault",
     "Kill",

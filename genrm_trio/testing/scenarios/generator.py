@@ -9,11 +9,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from genrm_trio.testing.scenarios.steps import (
+    COLLECTION_TIMEOUT,
     ENGINES,
     FAULT_KINDS,
     NOTIFY_MODES,
     RELEASE_ACTIONS,
+    TICK,
     Advance,
+    Burst,
     Disconnect,
     Fault,
     Kill,
@@ -63,6 +66,9 @@ class Shape:
     kill_rate: float = 0.0
     notify_rate: float = 0.0
     restart_rate: float = 0.0
+    # Runs of posts sent at once (Burst): the chance that the next eligible post joins the run.
+    arrival_burst_rate: float = 0.0
+    arrival_burst_max: int = 16
 
 
 # AS-160: 100 groups x 3 attempts x 4 slots, 1-2 copies, 20% cancelled, 10% of comparisons
@@ -71,6 +77,23 @@ class Shape:
 # killed now and then, and notifications lost or duplicated.
 SHARED_SHAPE = Shape(
     groups=8, early_judging=(False,), kill_rate=0.03, notify_rate=0.04, restart_rate=0.01
+)
+
+# Two engines sharing one Redis store with whole runs of members posted at once at both
+# engines (Burst steps). No kills: which engine fills a group in a burst is the store's choice,
+# and the model needs the owner only for a kill.
+SHARED_BURST_SHAPE = Shape(
+    groups=10,
+    slots=(3, 4),
+    early_judging=(False,),
+    copies=(1, 1),
+    cancel_rate=0.05,
+    regenerate_rate=0.05,
+    advance_rate=0.03,
+    window=8,
+    notify_rate=0.02,
+    restart_rate=0.01,
+    arrival_burst_rate=0.9,
 )
 
 AS160_SHAPE = Shape(
@@ -90,6 +113,72 @@ AS160_SHAPE = Shape(
 )
 
 _ADVANCES = (0.25, 0.5, 1.0, 2.5, 4.0, 6.0, 12.0)
+# A burst joins only groups that started at least this long before their collection deadline,
+# so that none of them can have expired by the burst (steps are nudged off deadlines by ticks).
+_BURST_MARGIN_S = 1.0
+
+
+class BurstRules:
+    """Which posts may share a burst, so that its answers and every retained order do not depend
+    on the order the store applies them in.
+
+    Only posts that join a group still collecting take part: a fresh member of its group's latest
+    attempt, as the original answer (no copy, regeneration, other prompt or conversion fault, and
+    none of those earlier in the attempt either), while the group is well within its collection
+    deadline. Of those, a burst holds at most one that changes more than a member list: the one
+    that starts its group (a new record, the old attempt superseded) or fills it (evaluation,
+    then its outcome stamped into the retention order). Everything else is order-free, and the
+    model keeps one deadline per instant, which two starts or fills at once would share.
+    `classify` is fed every step in order; it tracks the time as the runner moves the clock.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.now = 0.0
+        self.latest: dict[str, int] = {}
+        self.slots: dict[tuple[str, int], set[int]] = {}
+        self.started: dict[tuple[str, int], float] = {}
+        self.tainted: set[tuple[str, int]] = set()
+
+    def classify(self, step: Step) -> str | None:
+        """ "start", "fill" or "member" for a post that may join a burst, else None."""
+        if isinstance(step, Burst):
+            kinds = [self.classify(post) for post in step.posts]
+            return None if None in kinds or sum(k != "member" for k in kinds) > 1 else "burst"
+        self.now += TICK + (step.seconds if isinstance(step, Advance) else 0.0)
+        if not isinstance(step, Post):
+            return None
+        key = (step.group, step.attempt)
+        slots = self.slots.setdefault(key, set())
+        clean = (
+            step.task is None
+            and len(step.requests) == 1
+            and step.variant == 0
+            and not step.other_prompt
+            and not step.conversion_fault
+        )
+        latest = self.latest.get(step.group, 0)
+        self.latest[step.group] = max(latest, step.attempt)
+        kind: str | None = None
+        if clean and key not in self.tainted and step.attempt >= latest:
+            if not slots:
+                kind = "start"
+                self.started[key] = self.now
+            elif (
+                step.slot not in slots
+                and len(slots) < self.size
+                and self.now - self.started.get(key, -COLLECTION_TIMEOUT)
+                < COLLECTION_TIMEOUT - _BURST_MARGIN_S
+            ):
+                kind = "fill" if len(slots) == self.size - 1 else "member"
+        if not clean:
+            self.tainted.add(key)
+        slots.add(step.slot)
+        return kind
+
+    def allows(self, steps: Iterable[Step]) -> bool:
+        """Whether every burst among `steps` keeps to the rules (a shrunk scenario may not)."""
+        return all(self.classify(step) is not None or not isinstance(step, Burst) for step in steps)
 
 
 class _Generator:
@@ -252,11 +341,52 @@ class _Generator:
                 open_scripts.remove(script)
         return steps
 
+    def bursts(self, steps: list[Step]) -> list[Step]:
+        """Join runs of consecutive posts into bursts that `BurstRules` allows."""
+        rng, shape = self.rng, self.shape
+        rules = BurstRules(self.size)
+        out: list[Step] = []
+        run: list[Post] = []
+        run_special = False
+
+        def flush() -> None:
+            nonlocal run_special
+            if len(run) > 1:
+                out.append(Burst(tuple(run)))
+            else:
+                out.extend(run)
+            run.clear()
+            run_special = False
+
+        for step in steps:
+            kind = rules.classify(step)
+            if kind is None:
+                flush()
+                out.append(step)
+                continue
+            assert isinstance(step, Post)
+            special = kind != "member"
+            joins = (
+                bool(run)
+                and len(run) < shape.arrival_burst_max
+                and not (special and run_special)
+                and all(p.group != step.group or p.attempt == step.attempt for p in run)
+                and rng.random() < shape.arrival_burst_rate
+            )
+            if not joins:
+                flush()
+            run.append(step)
+            run_special = run_special or special
+        flush()
+        return out
+
     def scenario(self, seed: int) -> Scenario:
         shape = self.shape
         tail = min(shape.in_flight_at_shutdown, shape.groups)
         regular = [self.group_script(k, tail=False) for k in range(shape.groups - tail)]
         steps = self.interleave(regular, shape.window, clock=True)
+        if shape.arrival_burst_rate:
+            steps = self.bursts(steps)
         if tail:
             tails = [
                 self.group_script(k, tail=True) for k in range(shape.groups - tail, shape.groups)

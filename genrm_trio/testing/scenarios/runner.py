@@ -37,6 +37,7 @@ from genrm_trio.testing.scenarios.steps import (
     STORE_EPOCH,
     TICK,
     Advance,
+    Burst,
     Disconnect,
     Fault,
     Kill,
@@ -50,6 +51,7 @@ from genrm_trio.testing.scenarios.steps import (
     Via,
     describe_step,
     engine_for,
+    posts_of,
     request_body,
     scenario_config,
 )
@@ -81,7 +83,7 @@ class ScenarioReport:
 
     @property
     def groups(self) -> int:
-        return len({(s.group, s.task) for s in self.scenario.steps if isinstance(s, Post)})
+        return len({(s.group, s.task) for s in posts_of(self.scenario.steps)})
 
     def summary(self) -> str:
         head = f"seed {self.scenario.seed} via {self.via}: {self.steps_run} steps, "
@@ -100,7 +102,7 @@ class ScenarioReport:
             f"{len(scenario.steps)} of {len(self.scenario.steps)} generated steps still fail; "
             f"settings {dict(scenario.settings)}",
         ]
-        used = {(s.marker, s.attempt) for s in scenario.steps if isinstance(s, Post)}
+        used = {(s.marker, s.attempt) for s in posts_of(scenario.steps)}
         for fault in scenario.faults:
             if (fault.group, fault.attempt) in used:
                 times = f" x{fault.times}" if fault.times else ""
@@ -304,18 +306,17 @@ class _Runner:
         model = self.model
         if isinstance(step, Post):
             self.fail_conversion = step.conversion_fault
-            body = request_body(step)
-            engine = 0
-            if self.shared is not None:
-                # Every copy of one post goes to the same engine: the model knows which one
-                # owns the evaluation a post starts.
-                engine = engine_for(self.scenario.seed, step)
-            for request in step.requests:
-                self.routes[request] = engine
-                self.nursery.start_soon(self._request, request, body, engine)
+            engine = self._send(step)
             await self._quiesce()
             self.fail_conversion = False
             model.post(step, self.now, engine)
+        elif isinstance(step, Burst):
+            # Every post starts before any is applied; the model then takes them in the
+            # burst's order, which the generator made irrelevant to the answers.
+            engines = [self._send(post) for post in step.posts]
+            await self._quiesce()
+            for post, engine in zip(step.posts, engines, strict=True):
+                model.post(post, self.now, engine)
         elif isinstance(step, Disconnect):
             scope = self.scopes.get(step.request)
             if scope is not None and step.request not in self.ended:
@@ -352,6 +353,19 @@ class _Runner:
         else:
             await self._quiesce()
         await self._check(label)
+
+    def _send(self, post: Post) -> int:
+        """Start every copy of `post`; returns the engine they go to."""
+        body = request_body(post)
+        engine = 0
+        if self.shared is not None:
+            # Every copy of one post goes to the same engine: the model knows which one owns
+            # the evaluation a post starts.
+            engine = engine_for(self.scenario.seed, post)
+        for request in post.requests:
+            self.routes[request] = engine
+            self.nursery.start_soon(self._request, request, body, engine)
+        return engine
 
     async def _shutdown(self, label: str, *, check: bool) -> None:
         """Shut the server down; every task must be drained once all of them are blocked."""

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from genrm_trio.testing.scenarios.generator import BurstRules
 from genrm_trio.testing.scenarios.runner import run_once
 from genrm_trio.testing.scenarios.steps import (
-    Post,
     Scenario,
     Step,
     Via,
+    posts_of,
 )
 
 
@@ -26,7 +27,11 @@ def shrink(
 ) -> Scenario:
     """The shortest sub-list of steps found that still breaks `invariant` (greedy chunk removal)."""
 
+    size = int(scenario.settings.get("num_rollouts_per_prompt", 1))
+
     def fails(steps: list[Step]) -> bool:
+        if not BurstRules(size).allows(steps):
+            return False  # a burst whose order would matter: not a scenario the model can judge
         candidate = replace(scenario, steps=tuple(steps))
         report = run_once(candidate, via, quiet, store_url, restart_store)
         return any(v.invariant == invariant for v in report.violations)
@@ -47,6 +52,6 @@ def shrink(
         elif not progress:
             break
     # Faults of groups no remaining step posts to cannot matter.
-    used = {(s.marker, s.attempt) for s in steps if isinstance(s, Post)}
+    used = {(s.marker, s.attempt) for s in posts_of(steps)}
     faults = tuple(f for f in scenario.faults if (f.group, f.attempt) in used)
     return replace(scenario, steps=tuple(steps), faults=faults)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -109,12 +109,31 @@ class RestartStore:
     `appendfsync always`); every connection to it drops."""
 
 
+@dataclass(frozen=True)
+class Burst:
+    """Several posts sent at the same instant, each to its own engine, with no pause between
+    them, as a trainer posts a step: their transactions race at both engines. The generator
+    builds only bursts whose answers do not depend on the order the posts are applied in: fresh
+    members of current attempts, one post per slot, and at most one post that fills a group."""
+
+    posts: tuple[Post, ...]
+
+
 NOTIFY_MODES = ("lost", "duplicated", "delivered")
-Step = Post | Disconnect | Release | Advance | Shutdown | Kill | Notify | RestartStore
+Step = Post | Burst | Disconnect | Release | Advance | Shutdown | Kill | Notify | RestartStore
 _STEP_TYPES: dict[str, type[Any]] = {
     cls.__name__: cls
-    for cls in (Post, Disconnect, Release, Advance, Shutdown, Kill, Notify, RestartStore)
+    for cls in (Post, Burst, Disconnect, Release, Advance, Shutdown, Kill, Notify, RestartStore)
 }
+
+
+def posts_of(steps: Iterable[Step]) -> Iterator[Post]:
+    """Every post of `steps`, those inside bursts included."""
+    for step in steps:
+        if isinstance(step, Post):
+            yield step
+        elif isinstance(step, Burst):
+            yield from step.posts
 
 
 @dataclass(frozen=True)
@@ -149,6 +168,10 @@ class Scenario:
             kind = _STEP_TYPES[raw.pop("step")]
             if kind is Post:
                 raw["requests"] = tuple(raw["requests"])
+            if kind is Burst:
+                raw["posts"] = tuple(
+                    Post(**{**post, "requests": tuple(post["requests"])}) for post in raw["posts"]
+                )
             if kind is Release:
                 raw["pair"] = tuple(raw["pair"])
             steps.append(kind(**raw))
@@ -172,6 +195,8 @@ def describe_step(step: Step) -> str:
             f"post r{ids}{copies}: {who} attempt {step.attempt} slot {step.slot} "
             f"({', '.join(extras)})"
         )
+    if isinstance(step, Burst):
+        return "burst: " + "; ".join(describe_step(post) for post in step.posts)
     if isinstance(step, Disconnect):
         return f"disconnect r{step.request}"
     if isinstance(step, Release):
