@@ -196,7 +196,7 @@ def _group_store(value: Any) -> str:
     if value == "memory":
         return value
     if not isinstance(value, str):
-        raise InvalidValue("must be 'memory' or a redis:// or rediss:// URL", value)
+        raise InvalidValue("must be 'memory' or a redis://, rediss:// or unix:// URL", value)
     try:
         StoreAddress.parse(value)
     except ValueError as exc:

@@ -4,7 +4,8 @@
 else `redis-server` or `valkey-server` from PATH, with append-only persistence on and its data in
 a folder of its own. It can be stopped, killed with SIGKILL and started again on the same port
 and data folder, which is how the durability scenarios of SPEC X-1 lose the store and get it
-back. `RespConnection` speaks RESP over a plain blocking socket: enough to PING, flush the
+back, and it can listen on a unix socket as well. `RespConnection` speaks RESP over a plain
+blocking socket, framed by hiredis's parser as the store's client is: enough to PING, flush the
 keyspace and read INFO or MEMORY USAGE without a client library.
 
 Both are synchronous so that process-level tests, benchmarks and fixtures can use them from any
@@ -23,7 +24,9 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+
+import hiredis
 
 # Only guards against a server that never comes up; no test asserts on it.
 START_TIMEOUT_S = 20.0
@@ -80,14 +83,18 @@ def _encode_command(args: Sequence[str | bytes | int]) -> bytes:
 
 
 class RespConnection:
-    """One blocking RESP connection to a server (no pipelining, no pub/sub)."""
+    """One blocking RESP connection to a server (no pipelining, no pub/sub).
+
+    Replies are framed by hiredis's ``Reader``, the parser the store's client uses too.
+    """
 
     def __init__(self, port: int, *, host: str = "127.0.0.1", timeout: float = 5.0) -> None:
         self._sock = socket.create_connection((host, port), timeout=timeout)
-        self._reader = self._sock.makefile("rb")
+        self._reader = hiredis.Reader(
+            protocolError=_NotResp, replyError=RedisReplyError, notEnoughData=_MORE
+        )
 
     def close(self) -> None:
-        self._reader.close()
         self._sock.close()
 
     def __enter__(self) -> RespConnection:
@@ -97,39 +104,47 @@ class RespConnection:
         self.close()
 
     def command(self, *args: str | bytes | int) -> Reply:
-        """Send one command and return its reply; an error reply raises `RedisReplyError`."""
+        """Send one command and return its reply; an error reply raises `RedisReplyError`
+        (one inside an array too)."""
         self._sock.sendall(_encode_command(args))
         return self._read_reply()
 
-    def _read_line(self) -> bytes:
-        line = self._reader.readline()
-        if not line.endswith(b"\r\n"):
-            raise ConnectionError("Redis closed the connection")
-        return line[:-2]
-
     def _read_reply(self) -> Reply:
-        line = self._read_line()
-        kind, rest = line[:1], line[1:]
-        if kind == b"+":
-            return rest
-        if kind == b"-":
-            raise RedisReplyError(rest.decode(errors="replace"))
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            size = int(rest)
-            if size < 0:
-                return None
-            data = self._reader.read(size + 2)
-            if len(data) != size + 2:
+        while True:
+            try:
+                reply = self._reader.gets()
+            except _NotResp as exc:
+                raise ConnectionError(f"Redis sent bytes that are not RESP ({exc})") from None
+            if reply is not _MORE:
+                break
+            data = self._sock.recv(65536)
+            if not data:
                 raise ConnectionError("Redis closed the connection")
-            return data[:-2]
-        if kind == b"*":
-            count = int(rest)
-            if count < 0:
-                return None
-            return [self._read_reply() for _ in range(count)]
-        raise ConnectionError(f"unexpected RESP reply {line[:40]!r}")
+            self._reader.feed(data)
+        error = _first_error(reply)
+        if error is not None:
+            raise error
+        return reply
+
+
+class _NotResp(Exception):
+    """hiredis raises this class when the bytes are not RESP (its ``protocolError``)."""
+
+
+# What hiredis's gets() returns while no whole reply is buffered.
+_MORE: Any = object()
+
+
+def _first_error(reply: Any) -> RedisReplyError | None:
+    """The first error reply in ``reply``, depth first (as a reader from the start finds it)."""
+    pending = [reply]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, RedisReplyError):
+            return value
+        if isinstance(value, list):
+            pending.extend(reversed(value))
+    return None
 
 
 def parse_info(text: bytes) -> dict[str, str]:
@@ -157,6 +172,7 @@ class RedisServer:
         data_dir: Path | None = None,
         appendfsync: AppendFsync = "always",
         binary: Path | None = None,
+        unix_socket: Path | None = None,
     ) -> None:
         self.binary = binary or find_server_binary()
         self.port = port or free_loopback_port()
@@ -166,12 +182,21 @@ class RedisServer:
         )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.appendfsync = appendfsync
+        # Also listen on this unix socket (mode 700) when set; TCP stays on for PING.
+        self.unix_socket = unix_socket
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         """The `group_store` URL of database 0 on this server."""
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def unix_url(self) -> str:
+        """The `group_store` URL of database 0 over the unix socket."""
+        if self.unix_socket is None:
+            raise RuntimeError("this server listens on no unix socket")
+        return f"unix://{self.unix_socket}?db=0"
 
     @property
     def log_path(self) -> Path:
@@ -185,6 +210,11 @@ class RedisServer:
         return self._process is not None and self._process.poll() is None
 
     def arguments(self) -> list[str]:
+        unix = (
+            []
+            if self.unix_socket is None
+            else ["--unixsocket", str(self.unix_socket), "--unixsocketperm", "700"]
+        )
         return [
             str(self.binary),
             "--port",
@@ -206,6 +236,7 @@ class RedisServer:
             # Durability comes from the append-only file alone; no background RDB snapshots.
             "--save",
             "",
+            *unix,
         ]
 
     def start(self) -> None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +32,82 @@ def test_the_server_answers_ping_and_commands_on_its_port(redis_server: RedisSer
         assert connection.command("LRANGE", "l", 0, -1) == [b"a", b"b"]
         with pytest.raises(RedisReplyError, match="WRONGTYPE"):
             connection.command("GET", "l")
+
+
+def test_an_error_inside_an_exec_array_raises_and_the_connection_goes_on(
+    redis_server: RedisServer,
+) -> None:
+    with redis_server.connect() as connection:
+        assert connection.command("MULTI") == b"OK"
+        assert connection.command("SET", "s", "v") == b"QUEUED"
+        assert connection.command("LPUSH", "s", "x") == b"QUEUED"
+        with pytest.raises(RedisReplyError, match="WRONGTYPE"):
+            connection.command("EXEC")
+        # The whole EXEC reply was read: the next reply is the next command's.
+        assert connection.command("GET", "s") == b"v"
+
+
+def test_a_large_reply_arrives_whole(redis_server: RedisServer) -> None:
+    value = os.urandom(4 * 1024 * 1024)
+    with redis_server.connect() as connection:
+        assert connection.command("SET", "big", value) == b"OK"
+        assert connection.command("GET", "big") == value
+        assert connection.command("LRANGE", "none", 0, -1) == []
+
+
+@pytest.fixture
+def one_reply_server() -> Iterator[tuple[int, list[bytes]]]:
+    """A loopback server for one connection: it answers the first command with the bytes the
+    test put in the list, then closes."""
+    replies: list[bytes] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        peer, _ = listener.accept()
+        with peer:
+            peer.recv(65536)
+            peer.sendall(replies[0])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1], replies
+    finally:
+        thread.join(5)
+        listener.close()
+
+
+@pytest.mark.parametrize(
+    ("reply", "text"),
+    [
+        (b"?\r\n", 'Redis sent bytes that are not RESP (Protocol error, got "?" as reply type'),
+        (b"$x\r\n", "Redis sent bytes that are not RESP (Bad bulk string length)"),
+        (b"$5\r\nhel", "Redis closed the connection"),
+        (b"*2\r\n:1\r\n", "Redis closed the connection"),
+    ],
+)
+def test_bytes_that_are_not_a_whole_reply_are_a_connection_error(
+    one_reply_server: tuple[int, list[bytes]], reply: bytes, text: str
+) -> None:
+    port, replies = one_reply_server
+    replies.append(reply)
+    with RespConnection(port, timeout=5.0) as connection:
+        with pytest.raises(ConnectionError) as caught:
+            connection.command("PING")
+    assert str(caught.value).startswith(text)
+
+
+def test_a_unix_socket_is_added_to_the_arguments(tmp_path: Path) -> None:
+    plain = RedisServer(data_dir=tmp_path / "plain")
+    assert "--unixsocket" not in plain.arguments()
+    with pytest.raises(RuntimeError, match="no unix socket"):
+        plain.unix_url  # noqa: B018 - the property raises
+    path = tmp_path / "redis.sock"
+    server = RedisServer(data_dir=tmp_path / "unix", unix_socket=path)
+    arguments = server.arguments()
+    at = arguments.index("--unixsocket")
+    assert arguments[at : at + 4] == ["--unixsocket", str(path), "--unixsocketperm", "700"]
+    assert server.unix_url == f"unix://{path}?db=0"
 
 
 def test_append_only_persistence_is_on(redis_server: RedisServer) -> None:
