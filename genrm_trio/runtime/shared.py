@@ -567,7 +567,9 @@ class SharedEngine(Engine):
     ) -> None:
         """Store the outcome; while the store is down, try again until it answers or the
         fence refuses (another process took the evaluation over meanwhile). If building the
-        outcome raises (a failed internal check, C-64), the group fails instead (C-63)."""
+        outcome raises (a failed internal check, C-64), the group fails instead (C-63); if
+        even that raises, the group is left to its lease, as if this process had died."""
+        defective = False
         while True:
             try:
                 tx = await self.store.transact(ref, step)
@@ -577,6 +579,9 @@ class SharedEngine(Engine):
                 continue
             except Exception as exc:
                 log.error("GenRM cohort evaluation failed for ref='%s'", ref, exc_info=exc)
+                if defective:
+                    return
+                defective = True
                 step = failing(messages.evaluation_failed(exc))
                 continue
             if tx.result:

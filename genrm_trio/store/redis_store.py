@@ -36,6 +36,7 @@ from genrm_trio.store.records import (
     encode_watermark,
 )
 from genrm_trio.store.resp import (
+    DEFAULT_MAX_CONNECTIONS,
     Arg,
     Client,
     Connection,
@@ -189,7 +190,9 @@ class RedisGroupStore:
         self.name = address.public()
         self.prefix = prefix
         self.lease_s = lease_s
-        self.client = Client(address)
+        # Idle connections kept up to the cap: a burst that lent them all out does not close
+        # and reopen them as its transactions come and go.
+        self.client = Client(address, max_idle=DEFAULT_MAX_CONNECTIONS)
         self.channel = f"{prefix}outcomes"
         self._terminal = f"{prefix}terminal"
         self._idle = f"{prefix}idle"

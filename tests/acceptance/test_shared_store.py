@@ -78,10 +78,10 @@ def assert_scored(group: str, slot: int, status: int, row: dict[str, Any]) -> No
 class Deployment:
     """A fake judge, a Redis server and genrm-trio processes on fixed ports sharing it."""
 
-    def __init__(self, cli: Any, redis: RedisServer) -> None:
+    def __init__(self, cli: Any, redis: RedisServer, *judge_args: str) -> None:
         self.cli = cli
         self.redis = redis
-        self.judge, judge_url = cli.start_fake_judge()
+        self.judge, judge_url = cli.start_fake_judge(*judge_args)
         self.judge_control = judge_url.removesuffix("/v1")
         self.settings = [
             f"judge_base_url={judge_url}",
@@ -529,4 +529,105 @@ async def test_redis_down_answers_503_naming_the_store_and_the_servers_recover(
     for port in (a, b):
         status, health = deployment.health(port)
         assert status == 200 and health["group_store_available"] is True, health
+    deployment.stop_all()
+
+
+async def post_burst(
+    posts: Posts, *, resend_to: int | None = None
+) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+    """Every (port, body) at once on its own connection, as a trainer posts a whole step.
+
+    A request whose connection dies (its process was killed) is sent again to `resend_to`, as
+    a trainer resends it; without `resend_to` that is a failure. Returns the replies in order and
+    how many requests were resent.
+    """
+    replies: list[tuple[int, dict[str, Any]]] = [(0, {})] * len(posts)
+    resent = 0
+
+    async def one(index: int, port: int, payload: dict[str, Any]) -> None:
+        nonlocal resent
+        try:
+            replies[index] = await post(port, payload)
+        except ConnectionError:
+            if resend_to is None:
+                raise
+            resent += 1
+            replies[index] = await post(resend_to, payload)
+
+    with trio.fail_after(SAFETY_S * 2):
+        async with trio.open_nursery() as nursery:
+            for index, (port, payload) in enumerate(posts):
+                nursery.start_soon(one, index, port, payload)
+    return replies, resent
+
+
+def alternating(ports: list[int], groups: list[str]) -> Posts:
+    """Every member of every group, the members of each group alternating between the ports,
+    as a trainer behind a plain load balancer spreads them."""
+    return [
+        (ports[slot % len(ports)], body(group, slot))
+        for group in groups
+        for slot in range(GROUP_SIZE)
+    ]
+
+
+async def test_2048_rollouts_posted_at_once_over_two_processes_are_all_scored_once(
+    deployment: Deployment, many_files: None
+) -> None:
+    # 1,024 connections at each process at once: descriptors above 1,024 in every process,
+    # the Redis client's among them.
+    a, b = deployment.start(), deployment.start()
+    groups = [f"step{g}" for g in range(128)]
+    posts = alternating([a, b], groups)
+    replies, _ = await post_burst(posts)
+    for (_, payload), (status, row) in zip(posts, replies, strict=True):
+        assert_scored(payload["_ng_group_id"], payload["_ng_rollout_index"], status, row)
+    # Each of the 2,048 required comparisons judged once: a group judged twice would need
+    # more calls than this, and a group not judged could not have been scored.
+    assert deployment.judge_stats()["requests_total"] == len(groups) * GROUP_SIZE
+    # Both processes restarted: the whole step resent gets the same rows, with no judge call.
+    deployment.kill_and_restart_all()
+    again, _ = await post_burst(alternating([b, a], groups))
+    assert sorted(map(_row_key, again)) == sorted(map(_row_key, replies))
+    assert deployment.judge_stats()["requests_total"] == len(groups) * GROUP_SIZE
+    for port in (a, b):
+        status, health = deployment.health(port)
+        assert status == 200 and health["active_groups"] == 0, health
+    deployment.stop_all()
+
+
+def _row_key(reply: tuple[int, dict[str, Any]]) -> str:
+    return json.dumps(reply, sort_keys=True)
+
+
+async def test_a_process_killed_with_a_burst_in_flight_costs_no_wrong_row(
+    cli: Any, redis_server: RedisServer, many_files: None
+) -> None:
+    # Every judge call takes a moment, so the kill finds groups collecting and evaluating.
+    deployment = Deployment(cli, redis_server, "--latency", "fixed:0.5")
+    lease = "group_store_lease_s=2"
+    a, b = deployment.start(None, lease), deployment.start(None, lease)
+    groups = [f"kill{g}" for g in range(32)]
+    async with trio.open_nursery() as nursery:
+        outcome: list[tuple[list[tuple[int, dict[str, Any]]], int]] = []
+
+        async def step() -> None:
+            outcome.append(await post_burst(alternating([a, b], groups), resend_to=b))
+
+        nursery.start_soon(step)
+        await eventually(lambda: deployment.judge_stats()["in_flight"] > 0)
+        await trio.to_thread.run_sync(deployment.kill, a)
+    replies, resent = outcome[0]
+    assert resent > 0  # the kill cut requests off
+    for group_index, group in enumerate(groups):
+        for slot in range(GROUP_SIZE):
+            status, row = replies[group_index * GROUP_SIZE + slot]
+            assert_scored(group, slot, status, row)
+    # The groups the dead process was judging were judged again after its lease: more calls
+    # than required, never a different reward. A resend of the step replays every row.
+    assert deployment.judge_stats()["requests_total"] >= len(groups) * GROUP_SIZE
+    calls = deployment.judge_stats()["requests_total"]
+    again, _ = await post_burst(alternating([b], groups))
+    assert again == replies
+    assert deployment.judge_stats()["requests_total"] == calls
     deployment.stop_all()
