@@ -220,9 +220,16 @@ class FakePolicy:
                         "content": [{"type": "output_text", "text": text, "annotations": []}],
                     }
                 ],
+                # Required by the OpenAI SDK's Response model, which NeMo Gym's openai_model
+                # server validates every reply against.
+                "parallel_tool_calls": True,
+                "tool_choice": "auto",
+                "tools": [],
                 "usage": {
                     "input_tokens": prompt_tokens,
+                    "input_tokens_details": {"cached_tokens": 0},
                     "output_tokens": output_tokens,
+                    "output_tokens_details": {"reasoning_tokens": 0},
                     "total_tokens": prompt_tokens + output_tokens,
                 },
             }

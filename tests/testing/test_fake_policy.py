@@ -68,6 +68,32 @@ def test_chat_completions_and_responses_answer_alike() -> None:
     assert chat.stats()["by_api"] == {"responses": 0, "chat_completions": 1}
 
 
+# The fields the OpenAI SDK's `Response` model declares without a default, and the two usage
+# details it requires: NeMo Gym's `openai_model` server validates every reply against that
+# model (`NeMoGymResponse`) and fails the agent's /run when one is missing.
+RESPONSE_REQUIRED = {
+    "id",
+    "created_at",
+    "model",
+    "object",
+    "output",
+    "parallel_tool_calls",
+    "tool_choice",
+    "tools",
+}
+
+
+def test_a_responses_reply_has_every_field_the_openai_response_model_requires() -> None:
+    status, body = _post(FakePolicy(seed=1), {"input": "hi", "model": "m"})
+    assert status == 200
+    assert RESPONSE_REQUIRED <= set(body)
+    assert (body["parallel_tool_calls"], body["tool_choice"], body["tools"]) == (True, "auto", [])
+    usage = body["usage"]
+    assert usage["input_tokens_details"] == {"cached_tokens": 0}
+    assert usage["output_tokens_details"] == {"reasoning_tokens": 0}
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "text"),
     [
