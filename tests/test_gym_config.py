@@ -143,4 +143,23 @@ def test_gym_references_resolve_or_name_the_key_to_set(monkeypatch: pytest.Monke
     assert (config.judge_base_url, config.judge_model) == ("http://judge:9000/v1", "qwen-genrm")
     assert config.judge_request_timeout_s == 600.0 and config.num_rollouts_per_prompt == 16
     assert translation.ignored == ["entrypoint", "domain", "description"]
-    assert translation.other_blocks == ["genrm_trio_simple_agent"]
+    assert translation.other_blocks == ["genrm_trio_simple_agent", "genrm_trio_environment_server"]
+
+
+def test_every_agent_of_the_shipped_config_is_fronted_by_an_environment_server() -> None:
+    # Gym 0.7.0 reaches an agent only through an environment server: an agent without one gets
+    # a generated `legacy_agent` server and a deprecation warning, and a future release rejects
+    # the config (AgentWithoutEnvironmentServerError).
+    document = yaml.safe_load((OURS / "genrm_trio.yaml").read_text(encoding="utf-8"))
+    agents = {name for name, block in document.items() if "responses_api_agents" in block}
+    fronted = {
+        block["environment_servers"]["legacy_agent"]["agent_server"]["name"]
+        for block in document.values()
+        if "environment_servers" in block
+    }
+    assert agents == {"genrm_trio_simple_agent"} and fronted == agents
+    for block in document.values():
+        if "environment_servers" in block:
+            server = block["environment_servers"]["legacy_agent"]
+            assert server["entrypoint"] == "app.py"
+            assert server["agent_server"]["type"] == "responses_api_agents"
