@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, cast
 
@@ -75,6 +76,8 @@ class GenRMApp(QuartTrio):
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
+        if scope["type"] == "http":
+            scope = _without_rollout_prefix(scope)
         if scope["type"] == "http" and _is_verify_path(scope):
             if scope["method"] == "POST":
                 await self.verify_asgi(scope, receive, send)
@@ -85,6 +88,17 @@ class GenRMApp(QuartTrio):
 
 
 _ALLOW_POST: Final = ((b"allow", b"POST"),)
+# With observability on, NeMo Gym calls every route of a server under `/ng-rollout/<rollout
+# id>/` (the id keys its captures); Gym's own servers strip the prefix before routing.
+_ROLLOUT_PREFIX: Final = re.compile(r"/ng-rollout/[A-Za-z0-9][A-Za-z0-9._-]*(/.*)")
+
+
+def _without_rollout_prefix(scope: HTTPScope) -> HTTPScope:
+    match = _ROLLOUT_PREFIX.fullmatch(scope["path"])
+    if match is None:
+        return scope
+    path = match.group(1)
+    return cast(HTTPScope, {**scope, "path": path, "raw_path": path.encode()})
 
 
 def _is_verify_path(scope: HTTPScope) -> bool:

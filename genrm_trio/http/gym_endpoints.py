@@ -1,10 +1,11 @@
-"""NeMo Gym's resources-server routes besides /verify: `POST /seed_session` and
-`POST /aggregate_metrics`, with Gym's request and reply shapes.
+"""NeMo Gym's resources-server routes besides /verify: `POST /seed_session`,
+`POST /close_session`, `GET /reverify_mode` and `POST /aggregate_metrics`, with Gym's request and
+reply shapes.
 
-Gym's agents call `/seed_session` before every rollout and pass `/aggregate_metrics` through at
-the end of a collection. Seeding keeps no state here: a group's identity travels on each /verify
-row. Aggregation reports the run metrics of `core.run_metrics` (scored rows only, the mask rate
-and failures by class) over the rows it is given, overall and per task.
+Gym's agents call `/seed_session` before every rollout (an environment server seeds and closes a
+session by its `resources_session_id`) and pass `/aggregate_metrics` through at the end of a
+collection. Sessions keep no state here: a group's identity travels on each /verify row.
+`/reverify_mode` is `unsupported`: a group judge cannot score one stored row on its own.
 """
 
 from __future__ import annotations
@@ -37,11 +38,30 @@ _KEY_METRICS: Final[tuple[str, ...]] = ("mean/reward", "mask_rate", "scored", "f
 
 
 class SeedSessionRequestDoc(msgspec.Struct, frozen=True, kw_only=True):
-    """Any JSON object (Gym's agents send the rollout's run request); nothing is kept."""
+    """Any JSON object (Gym's agents send the rollout's run request; an environment server
+    sends its `resources_session_id`); nothing is kept."""
+
+    resources_session_id: str | msgspec.UnsetType = msgspec.UNSET
 
 
-class SeedSessionReply(msgspec.Struct, frozen=True, kw_only=True):
-    """An empty object: there is no session state to seed."""
+class SeedSessionReply(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """An empty object, or the `resources_session_id` an environment server seeded with: there
+    is no session state to seed."""
+
+    resources_session_id: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class CloseSessionRequestDoc(msgspec.Struct, frozen=True, kw_only=True):
+    """Gym's ResourcesCloseSessionRequest; nothing is kept, so nothing is released."""
+
+    resources_session_id: str
+    episode_id: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+
+
+class CloseSessionReply(msgspec.Struct, frozen=True, kw_only=True):
+    """Gym's ResourcesCloseSessionResponse: the session id, confirmed closed."""
+
+    resources_session_id: str
 
 
 class AggregateMetricsRequestDoc(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,17 +84,40 @@ class AggregateMetricsReply(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _ENCODER: Final = msgspec.json.Encoder()
-_SEED_REPLY: Final = _ENCODER.encode(SeedSessionReply())
 _ROWS_EXPECTED: Final = "an array of objects"
+SESSION_ID_KEY: Final = "resources_session_id"
+_SESSION_ID_EXPECTED: Final = "a non-empty string"
+# Gym's ReverifyMode: `gym eval reverify` refuses a server that is not `stateless`.
+REVERIFY_MODE: Final = "unsupported"
 
 
 def _members(body: bytes, decode: frozenset[str]) -> dict[str, json_scan.Member]:
     return split_members(body, decode)[0]
 
 
-def parse_seed_session_body(body: bytes) -> None:
-    """Any JSON object is a valid seed request."""
-    _members(body, frozenset())
+def _session_id(member: json_scan.Member | None) -> str | None:
+    if member is None:
+        return None
+    value = member.value
+    if not isinstance(value, str) or not value:
+        got = "" if isinstance(value, str) else f", got {_kind(value)}"
+        raise BadRequest(422, f"{SESSION_ID_KEY}: expected {_SESSION_ID_EXPECTED}{got}")
+    return value
+
+
+def parse_seed_session_body(body: bytes) -> str | None:
+    """Any JSON object is a valid seed request; the environment server's session id if sent."""
+    return _session_id(_members(body, frozenset({SESSION_ID_KEY})).get(SESSION_ID_KEY))
+
+
+def parse_close_session_body(body: bytes) -> str:
+    """The session id of a close request; ``BadRequest`` names the field when it is bad."""
+    session = _session_id(_members(body, frozenset({SESSION_ID_KEY})).get(SESSION_ID_KEY))
+    if session is None:
+        raise BadRequest(
+            422, f"{SESSION_ID_KEY}: required field missing (expected {_SESSION_ID_EXPECTED})"
+        )
+    return session
 
 
 def parse_aggregate_metrics_body(body: bytes) -> list[dict[str, Any]]:
@@ -148,8 +191,8 @@ def aggregate_metrics(rows: Iterable[Mapping[str, Any]]) -> AggregateMetricsRepl
 
 
 def register_gym_routes(app: QuartTrio, read_body: Callable[[], Awaitable[bytes]]) -> None:
-    """Add `/seed_session` and `/aggregate_metrics` to ``app``; ``read_body`` reads the request
-    body under the server's body limit (413)."""
+    """Add Gym's session, reverify-mode and metrics routes to ``app``; ``read_body`` reads the
+    request body under the server's body limit (413)."""
 
     def reply(status: int, payload: bytes) -> Response:
         return Response(payload, status=status, content_type="application/json")
@@ -157,10 +200,27 @@ def register_gym_routes(app: QuartTrio, read_body: Callable[[], Awaitable[bytes]
     @app.post("/seed_session")
     async def seed_session() -> Response:
         try:
-            parse_seed_session_body(await read_body())
+            session = parse_seed_session_body(await read_body())
         except BadRequest as exc:
             return reply(exc.status, error_body(exc.detail))
-        return reply(200, _SEED_REPLY)
+        seeded = (
+            SeedSessionReply()
+            if session is None
+            else SeedSessionReply(resources_session_id=session)
+        )
+        return reply(200, _ENCODER.encode(seeded))
+
+    @app.post("/close_session")
+    async def close_session() -> Response:
+        try:
+            session = parse_close_session_body(await read_body())
+        except BadRequest as exc:
+            return reply(exc.status, error_body(exc.detail))
+        return reply(200, _ENCODER.encode(CloseSessionReply(resources_session_id=session)))
+
+    @app.get("/reverify_mode")
+    async def reverify_mode() -> Response:
+        return reply(200, _ENCODER.encode(REVERIFY_MODE))
 
     @app.post("/aggregate_metrics")
     async def aggregate() -> Response:

@@ -11,6 +11,8 @@ import msgspec
 from genrm_trio.http.gym_endpoints import (
     AggregateMetricsReply,
     AggregateMetricsRequestDoc,
+    CloseSessionReply,
+    CloseSessionRequestDoc,
     SeedSessionReply,
     SeedSessionRequestDoc,
 )
@@ -53,13 +55,17 @@ def _build(version: str) -> dict[str, Any]:
             SeedSessionReply,
             AggregateMetricsRequestDoc,
             AggregateMetricsReply,
+            CloseSessionRequestDoc,
+            CloseSessionReply,
         ],
         ref_template="#/components/schemas/{name}",
     )
     verify_request, verify_row, masked_row, compare_request, compare_reply, healthz, error = refs[
         :7
     ]
-    seed_request, seed_reply, aggregate_request, aggregate_reply = refs[7:]
+    seed_request, seed_reply, aggregate_request, aggregate_reply, close_request, close_reply = refs[
+        7:
+    ]
 
     def reply(description: str, schema: dict[str, Any]) -> dict[str, Any]:
         return {"description": description, "content": {_JSON: {"schema": schema}}}
@@ -136,9 +142,26 @@ def _build(version: str) -> dict[str, Any]:
             "summary": "NeMo Gym's per-rollout session seed; keeps no state",
             "requestBody": {"required": True, "content": {_JSON: {"schema": seed_request}}},
             "responses": {
-                "200": reply("Always an empty object.", seed_reply),
+                "200": reply(
+                    "An empty object, or the resources_session_id an environment server sent.",
+                    seed_reply,
+                ),
                 "400": bad_json,
                 "413": too_large,
+                "422": invalid,
+            },
+        }
+    }
+    close_session = {
+        "post": {
+            "operationId": "close_session",
+            "summary": "NeMo Gym's session close; there is no state to release",
+            "requestBody": {"required": True, "content": {_JSON: {"schema": close_request}}},
+            "responses": {
+                "200": reply("The session id, confirmed closed.", close_reply),
+                "400": bad_json,
+                "413": too_large,
+                "422": invalid,
             },
         }
     }
@@ -157,6 +180,18 @@ def _build(version: str) -> dict[str, Any]:
                 "400": bad_json,
                 "413": too_large,
                 "422": invalid,
+            },
+        }
+    }
+    reverify_mode = {
+        "get": {
+            "operationId": "reverify_mode",
+            "summary": "NeMo Gym's reverify mode: unsupported (a group judge cannot re-score one "
+            "stored row on its own)",
+            "responses": {
+                "200": reply(
+                    "Always the string `unsupported`.", {"type": "string", "enum": ["unsupported"]}
+                )
             },
         }
     }
@@ -203,6 +238,8 @@ def _build(version: str) -> dict[str, Any]:
             "/verify": verify,
             "/compare": compare,
             "/seed_session": seed_session,
+            "/close_session": close_session,
+            "/reverify_mode": reverify_mode,
             "/aggregate_metrics": aggregate,
             "/healthz": health,
             "/metrics": metrics,

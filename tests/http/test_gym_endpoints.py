@@ -4,13 +4,15 @@ core.run_metrics, and 4xx texts that name the field."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
+import trio
 
 from genrm_trio.core.run_metrics import summarize_rows
 from genrm_trio.http.gym_endpoints import aggregate_metrics, flat_metrics
 from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
-from genrm_trio.testing.harness import running_server
+from genrm_trio.testing.harness import member, running_server
 
 GYM_REPLY_KEYS = {"group_level_metrics", "agent_metrics", "key_metrics"}
 
@@ -142,3 +144,84 @@ async def test_bodies_over_the_limit_get_413() -> None:
         reply = await server.post("/aggregate_metrics", {"verify_responses": [{"x": "y" * 2000}]})
     assert reply.status == 413
     assert reply.detail == "request body exceeds 1024 bytes"
+
+
+async def test_every_route_answers_under_gyms_rollout_prefix() -> None:
+    # With observability on, Gym's clients call every route of a server under
+    # /ng-rollout/<rollout id>/..., starting with /seed_session.
+    async with running_server(num_rollouts_per_prompt=2) as server:
+        seeded = await server.post("/ng-rollout/0-0/seed_session", {})
+        replies: list[Any] = [None, None]
+
+        async def rollout(slot: int) -> None:
+            path = f"/ng-rollout/3-{slot}-a1/verify"
+            replies[slot] = await server.post(path, member(slot, 2 + slot, "g", 0))
+
+        async with trio.open_nursery() as nursery:
+            for slot in range(2):
+                nursery.start_soon(rollout, slot)
+        metrics = await server.post(
+            "/ng-rollout/3-0/aggregate_metrics", {"verify_responses": [r.body for r in replies]}
+        )
+        closed = await server.post(
+            "/ng-rollout/0-0/close_session",
+            {"resources_session_id": "s", "episode_id": {"rollout_id": "0-0", "attempt": 0}},
+        )
+        mode = await server.get("/ng-rollout/0-0/reverify_mode")
+        health = await server.get("/ng-rollout/0-0/healthz")
+        malformed = await server.post("/ng-rollout/.hidden/seed_session", {})
+    assert (seeded.status, seeded.body) == (200, {})
+    assert [r.status for r in replies] == [200, 200]
+    assert [r.reward for r in replies] == [2.0, 3.0]
+    assert metrics.status == 200 and metrics.body["agent_metrics"]["scored"] == 2
+    assert (closed.status, closed.body) == (200, {"resources_session_id": "s"})
+    assert (mode.status, mode.body) == (200, "unsupported")
+    assert health.status == 200
+    assert malformed.status == 404  # not a rollout id Gym would send: not stripped
+
+
+async def test_reverify_mode_is_unsupported() -> None:
+    # A group judge cannot re-verify one stored row on its own; Gym's `eval reverify` refuses
+    # such a server (and with --force names its output unsafe_).
+    async with running_server(num_rollouts_per_prompt=2) as server:
+        reply = await server.get("/reverify_mode")
+    assert (reply.status, reply.body) == (200, "unsupported")
+
+
+async def test_close_session_confirms_the_session_and_keeps_nothing() -> None:
+    body = {"resources_session_id": "env-7", "episode_id": {"rollout_id": "7-1", "attempt": 2}}
+    async with running_server(num_rollouts_per_prompt=2) as server:
+        before = server.engine.statistics()
+        reply = await server.post("/close_session", body)
+        assert server.engine.statistics() == before
+    assert (reply.status, reply.body) == (200, {"resources_session_id": "env-7"})
+
+
+async def test_an_environment_servers_seed_gets_its_session_id_back() -> None:
+    body = {
+        "resources_session_id": "env-7",
+        "episode_id": {"rollout_id": "7-1", "attempt": 0},
+        "task_id": {"task_index": 7},
+        "task_data": {},
+    }
+    async with running_server(num_rollouts_per_prompt=2) as server:
+        reply = await server.post("/seed_session", body)
+    assert (reply.status, reply.body) == (200, {"resources_session_id": "env-7"})
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        (b"{}", "resources_session_id: required field missing (expected a non-empty string)"),
+        (
+            b'{"resources_session_id": 3}',
+            "resources_session_id: expected a non-empty string, got a number",
+        ),
+        (b'{"resources_session_id": ""}', "resources_session_id: expected a non-empty string"),
+        (b"[]", "invalid JSON body: "),
+    ],
+)
+async def test_a_bad_close_session_body_gets_422_naming_the_field(body: bytes, detail: str) -> None:
+    async with running_server(num_rollouts_per_prompt=2) as server:
+        reply = await server.post("/close_session", body)
+    assert reply.status in (400, 422) and reply.detail.startswith(detail)

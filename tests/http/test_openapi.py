@@ -35,6 +35,8 @@ def test_every_route_and_status_code_is_documented() -> None:
         "/verify",
         "/compare",
         "/seed_session",
+        "/close_session",
+        "/reverify_mode",
         "/aggregate_metrics",
         "/healthz",
         "/metrics",
@@ -43,7 +45,9 @@ def test_every_route_and_status_code_is_documented() -> None:
     assert set(paths["/verify"]["post"]["responses"]) == {"200", "400", "409", "413", "422", "503"}
     assert {"200", "400", "413", "422", "503"} <= set(paths["/compare"]["post"]["responses"])
     assert set(paths["/healthz"]["get"]["responses"]) == {"200", "503"}
-    assert set(paths["/seed_session"]["post"]["responses"]) == {"200", "400", "413"}
+    assert set(paths["/seed_session"]["post"]["responses"]) == {"200", "400", "413", "422"}
+    assert set(paths["/close_session"]["post"]["responses"]) == {"200", "400", "413", "422"}
+    assert set(paths["/reverify_mode"]["get"]["responses"]) == {"200"}
     assert set(paths["/aggregate_metrics"]["post"]["responses"]) == {"200", "400", "413", "422"}
 
 
