@@ -14,6 +14,9 @@ INT64_MAX: Final = 2**63 - 1
 GROUP_ID_MAX_CODE_POINTS: Final = 1024
 FAILURE_TEXT_MAX_CODE_POINTS: Final = 2000
 
+# Optional request fields a masked row names even when the request left them out: Gym's failure
+# rows are its whole verify request dumped, where they are null.
+MASKED_ROW_REQUEST_KEYS: Final = ("principle", "prompt_id")
 COORDINATE_KEYS: Final = (
     "_ng_group_id",
     "_ng_group_attempt",
@@ -79,6 +82,8 @@ class RowEcho:
     request_members: int
     instance_config: int | None  # index of the request's instance_config in ``members``
     spans: list[tuple[int, int] | None] = dataclasses.field(default_factory=list)
+    # Members only a masked row adds: the request's optional fields it left out, as null.
+    masked_only: tuple[tuple[bytes, bytes], ...] = ()
 
 
 @dataclass(slots=True, weakref_slot=True)

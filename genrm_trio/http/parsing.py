@@ -16,6 +16,7 @@ from genrm_trio.core.canonical import canonical_json
 from genrm_trio.http import json_scan
 from genrm_trio.http.bodies import (
     COORDINATE_KEYS,
+    MASKED_ROW_REQUEST_KEYS,
     GROUP_ID_MAX_CODE_POINTS,
     INT64_MAX,
     INT64_MIN,
@@ -47,6 +48,7 @@ _COMPARE_DECODED: Final = frozenset(
 )
 _INTEGER_LITERAL = re.compile(rb"-?(?:0|[1-9][0-9]*)")
 _COORDINATE_KEY_JSON: Final = {key: canonical_json(key) for key in COORDINATE_KEYS}
+_MASKED_ROW_KEY_JSON: Final = {key: canonical_json(key) for key in MASKED_ROW_REQUEST_KEYS}
 
 
 def parse_verify_body(body: bytes, config: Config) -> VerifyRequest:
@@ -137,7 +139,17 @@ def parse_verify_body(body: bytes, config: Config) -> VerifyRequest:
         response_span=(response.value_start, response.value_end),
         response_scoring=_scoring_view(response.value),
         response_may_hold_nan=not response.standard,
-        echo=RowEcho(echoed, request_members, instance_config, spans),
+        echo=RowEcho(
+            echoed,
+            request_members,
+            instance_config,
+            spans,
+            tuple(
+                (_MASKED_ROW_KEY_JSON[key], b"null")
+                for key in MASKED_ROW_REQUEST_KEYS
+                if key not in by_key
+            ),
+        ),
     )
 
 

@@ -64,7 +64,8 @@ def _in_memory(parts: list[EchoValue]) -> list[bytes | memoryview]:
 
 
 def masked_row_parts(req: VerifyRequest, failure_text: str) -> list[EchoValue]:
-    """W-30…W-32: the echo with ``instance_config`` masked, then the masked flags and text.
+    """W-30…W-32: the echo with ``instance_config`` masked and ``principle`` and ``prompt_id``
+    named (null when the request left them out), then the masked flags and text.
 
     An ``instance_config`` the request lacked goes after the echoed request keys and before the
     coordinates the request lacked. The text is cut to 2000 code points if longer; callers that
@@ -78,6 +79,7 @@ def masked_row_parts(req: VerifyRequest, failure_text: str) -> list[EchoValue]:
         key, value = members[echo.instance_config]
         assert not isinstance(value, FileSpan)  # spooling keeps it in memory
         members[echo.instance_config] = (key, _masked_instance_config(bytes(value)))
+    members.extend(echo.masked_only)
     text = _json_string(failure_text[:FAILURE_TEXT_MAX_CODE_POINTS])
     parts = _echo_parts(members)
     parts.append(b'"reward":0.0,"mask_sample":true,"failure_kind":"judge_failed","failure_reason":')

@@ -101,6 +101,8 @@ class MaskedRow(msgspec.Struct, frozen=True, kw_only=True):
     ng_group_attempt: Annotated[int, Meta(ge=0)] = msgspec.field(name="_ng_group_attempt")
     ng_rollout_index: Int64 | None = msgspec.field(name="_ng_rollout_index")
     ng_task_index: Int64 | None = msgspec.field(name="_ng_task_index")
+    principle: str | None
+    prompt_id: str | None
     reward: Annotated[float, Meta(description="Always 0.0, a placeholder.")]
     mask_sample: Literal[True]
     failure_kind: Literal["judge_failed"]

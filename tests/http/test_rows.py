@@ -347,3 +347,23 @@ def test_healthz_reports_status_and_the_counts() -> None:
     assert shutting.status == "shutting_down"
     with pytest.raises(ValueError):
         render_healthz("fine", counts)
+
+
+def test_a_masked_row_names_principle_and_prompt_id_as_gyms_failure_rows_do() -> None:
+    # Gym's failure rows are its whole verify request dumped, so principle and prompt_id are
+    # there (null) even when the request left them out; scored rows do not carry them.
+    request = parse(full_request())
+    masked = as_dict(render_masked_row(request, "boom"))
+    assert (masked["principle"], masked["prompt_id"]) == (None, None)
+    names = keys(render_masked_row(request, "boom"))
+    assert names.index("_ng_task_index") < names.index("principle") < names.index("prompt_id")
+    assert names.index("prompt_id") < names.index("reward")
+    scored = as_dict(render_scored_row(request, 1.0, METRICS))
+    assert "principle" not in scored and "prompt_id" not in scored
+
+
+def test_a_masked_row_keeps_a_principle_and_prompt_id_that_were_sent() -> None:
+    text = full_request()[:-1] + b', "principle": "Be brief", "prompt_id": null}'
+    row = render_masked_row(parse(text), "boom")
+    assert keys(row).count("principle") == 1 and keys(row).count("prompt_id") == 1
+    assert (as_dict(row)["principle"], as_dict(row)["prompt_id"]) == ("Be brief", None)
