@@ -16,10 +16,10 @@ from genrm_trio.core.canonical import canonical_json
 from genrm_trio.http import json_scan
 from genrm_trio.http.bodies import (
     COORDINATE_KEYS,
-    MASKED_ROW_REQUEST_KEYS,
     GROUP_ID_MAX_CODE_POINTS,
     INT64_MAX,
     INT64_MIN,
+    MASKED_ROW_REQUEST_KEYS,
     ROLLOUT_ID_KEY,
     SERVER_OWNED_KEYS,
     BadRequest,
