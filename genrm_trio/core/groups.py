@@ -126,6 +126,9 @@ class Arrival:
     # Called only for a newly accepted member (never for duplicates or replays); the flag says
     # whether the group's inputs must be converted too. May raise: the group then fails.
     prepare: Callable[[bool], tuple[MemberTexts, GroupInputs | None]]
+    # Why the row is a resend of one rollout (C-99), as its masked row says; None for a row of a
+    # first dispatch. Only legacy groups read it.
+    resend: str | None = None
 
 
 # ---- effects: what the runtime must do after a transition -----------------------------------
@@ -300,6 +303,8 @@ class GroupRegistry:
             self.prune(now)
             effects: list[Effect] = []
             if arrival.group_id is None:
+                if arrival.resend is not None:
+                    return Decision(Answer(self._answer_legacy_resend(arrival, now)), effects)
                 record = self._resolve_legacy(arrival, now)
                 reply = self._member_step(record, arrival, now, wake, effects)
                 return Decision(reply, effects)
@@ -346,6 +351,34 @@ class GroupRegistry:
                     ),
                 )
         return record
+
+    def _answer_legacy_resend(self, arrival: Arrival, now: float) -> Masked:
+        """C-99: a row sent again on its own never opens or joins a legacy group, which could
+        only complete if every member came again; it is answered at once, masked, with what
+        the server knows of its key."""
+        key = group_key(
+            None, arrival.attempt, arrival.task_index, arrival.prompt_id, arrival.digest
+        )
+        record = self.legacy.get(key)
+        resend = arrival.resend
+        assert resend is not None
+        if record is not None and record.phase is Phase.FAILED:
+            assert record.failure is not None
+            # A failure keeps its text; as a resend is never judged, it is a masked row even
+            # when a request of the group itself got a 503 (kind cohort).
+            return Masked(record.failure.text, messages.MIGRATION_SUFFIX)
+        if record is not None:
+            state = messages.legacy_resend_active(record.phase.value)
+        else:
+            completed_at = self.completed_legacy.stamped(key)
+            state = (
+                messages.LEGACY_RESEND_UNKNOWN
+                if completed_at is None
+                else messages.legacy_resend_completed(now - completed_at)
+            )
+        text = messages.legacy_resend_answer(key, arrival.slot, self.size, resend, state)
+        self._log(20, text, extra={"group_key": messages.log_key(key), "slot": arrival.slot})
+        return Masked(text)
 
     def _resolve_explicit(
         self, arrival: Arrival, now: float, effects: list[Effect]

@@ -103,6 +103,29 @@ def legacy_resend(key: str, slot: int, size: int, ago: float, timeout: float) ->
     )
 
 
+def legacy_resend_answer(key: str, slot: int, size: int, why: str, state: str) -> str:
+    """The masked row of a row sent again on its own under a legacy key (C-99)."""
+    return (
+        f"GenRM legacy group '{log_key(key)}': rollout_index={slot} was sent again on its own"
+        f" ({why}) and is not judged: a legacy group is judged only when all {size} members"
+        f" arrive together, and {state}. To have it judged, send the whole group again under a"
+        " fresh _ng_group_id shared by every member."
+    )
+
+
+def legacy_resend_completed(ago: float) -> str:
+    return f"its group completed {format_seconds(round(ago, 3))}s ago"
+
+
+def legacy_resend_active(phase: str) -> str:
+    return f"a group under this key is {phase} and a resent row never joins one"
+
+
+LEGACY_RESEND_UNKNOWN = (
+    "this server holds no group under this key (never sent here, expired, or before a restart)"
+)
+
+
 def reward_count(count: int, size: int) -> str:
     return f"GenRM returned {count} rewards for {size} cohort members"
 

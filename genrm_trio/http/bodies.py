@@ -42,6 +42,8 @@ SERVER_OWNED_KEYS: Final = frozenset(
     }
 )
 ROLLOUT_ID_KEY: Final = "_ng_rollout_id"
+# NeMo Gym's collector counts the retries of a rollout here (absent or 0 on its first dispatch).
+ATTEMPT_INDEX_KEY: Final = "_ng_attempt_index"
 
 
 class BadRequest(Exception):
@@ -115,6 +117,9 @@ class VerifyRequest:
     # The response's raw SHA-256 and canonical fingerprint, when computed before the request
     # reached the engine (a body about to be spooled, whose bytes will not stay in memory).
     known_fingerprints: tuple[bytes, bytes] | None = None
+    # Why the row is a resend of one rollout (C-99): Gym's retry count `_ng_attempt_index`
+    # >= 1, or a masked row posted back; None for a row of a first dispatch.
+    resend: str | None = None
 
     @property
     def response_raw(self) -> bytes:

@@ -15,6 +15,7 @@ from genrm_trio.config import Config
 from genrm_trio.core.canonical import canonical_json
 from genrm_trio.http import json_scan
 from genrm_trio.http.bodies import (
+    ATTEMPT_INDEX_KEY,
     COORDINATE_KEYS,
     GROUP_ID_MAX_CODE_POINTS,
     INT64_MAX,
@@ -92,6 +93,7 @@ def parse_verify_body(body: bytes, config: Config) -> VerifyRequest:
         if not 0 <= rollout_index < slots:
             raise _invalid(f"_ng_rollout_index must be in [0, {slots}); got {rollout_index}")
     task_index = _nullable_int(body, by_key.get("_ng_task_index"), "_ng_task_index")
+    resend = _resend(body, by_key)
     prompt_id = _nullable_str(by_key.get("prompt_id"), "prompt_id")
     principle = _nullable_str(by_key.get("principle"), "principle")
 
@@ -139,6 +141,7 @@ def parse_verify_body(body: bytes, config: Config) -> VerifyRequest:
         response_span=(response.value_start, response.value_end),
         response_scoring=_scoring_view(response.value),
         response_may_hold_nan=not response.standard,
+        resend=resend,
         echo=RowEcho(
             echoed,
             request_members,
@@ -355,6 +358,24 @@ def _nullable_int(body: bytes, member: json_scan.Member | None, key: str) -> int
             f"got {_describe_raw(body, member)}"
         )
     return value
+
+
+def _resend(body: bytes, by_key: Mapping[str, json_scan.Member]) -> str | None:
+    """Why the row is a resend of one rollout (C-99), or None for a first dispatch."""
+    member = by_key.get(ATTEMPT_INDEX_KEY)
+    if member is not None and body[member.value_start : member.value_end] != b"null":
+        attempt = _strict_int(body, member)
+        if attempt is None or not 0 <= attempt <= INT64_MAX:
+            raise _invalid(
+                f"{ATTEMPT_INDEX_KEY}: expected an integer >= 0 or null, "
+                f"got {_describe_raw(body, member)}"
+            )
+        if attempt > 0:
+            return f"{ATTEMPT_INDEX_KEY}={attempt}"
+    masked = by_key.get("mask_sample")
+    if masked is not None and body[masked.value_start : masked.value_end] == b"true":
+        return "a masked row posted back"
+    return None
 
 
 def _nullable_str(member: json_scan.Member | None, key: str) -> str | None:

@@ -66,6 +66,7 @@ class MemberRequest(Protocol):
     principle: str | None
     baseline: str | None
     known_fingerprints: tuple[bytes, bytes] | None
+    resend: str | None
 
     def take_scoring(self) -> tuple[Any, Any]:
         """(the response as far as its scoring texts go, responses_create_params.input) as
@@ -261,6 +262,7 @@ class Engine:
             digest=self._prompt_digest(request, input_value),
             fingerprint=identity,
             prepare=partial(self._prepare_member, request, response, input_value),
+            resend=request.resend,
         )
         return arrival, identity
 

@@ -72,3 +72,27 @@ async def test_memory_store_is_the_default_and_health_says_so() -> None:
             "memory",
             True,
         )
+
+
+async def test_a_legacy_resend_is_answered_at_once_by_another_process(
+    redis_server: RedisServer,
+) -> None:
+    # C-99 over a shared store: the group completed through one process, the resend reaches
+    # the other, which knows the key's completion from the store and opens nothing.
+    judge = FakeJudge()
+    settings = {"group_store": redis_server.url, "group_store_poll_s": 0.05}
+    async with (
+        running_server(settings, judge=judge) as a,
+        running_server(settings, judge=judge) as b,
+    ):
+        with trio.fail_after(30):
+            first = await a.verify_all(
+                [member(i, 3 + i, None, None, _ng_task_index=4) for i in range(2)]
+            )
+            resent = member(1, 2, None, None, regenerated=True, _ng_task_index=4)
+            again = await b.verify(resent | {"_ng_attempt_index": 1})
+        assert [r.reward for r in first] == [3.0, 4.0]
+        assert again.status == 200 and again.masked
+        assert "its group completed" in again.body["failure_reason"]
+        assert judge.stats()["requests_total"] == 2
+        assert (await b.get("/healthz")).body["active_groups"] == 0
