@@ -221,6 +221,8 @@ class Record:
     handle: Any = None  # the runtime's per-group task handle; opaque here
     # Opened by a row whose legacy key had already completed, and still collecting (§5.14).
     legacy_resend: bool = False
+    # The task index of a legacy group's rows, which is how /aggregate_metrics finds it.
+    task_index: int | None = None
 
     @property
     def legacy(self) -> bool:
@@ -248,6 +250,20 @@ class Statistics(NamedTuple):
 
 class InvariantViolation(AssertionError):
     pass
+
+
+# How finished rows name their group without their prompt (NeMo Gym strips it before
+# /aggregate_metrics): ("group", group id, attempt) or ("task", task index, attempt).
+RowsGroup = tuple[str, str | int, int]
+
+
+def rows_group(group_id: str | None, attempt: int, task_index: int | None) -> RowsGroup | None:
+    """The identity rows of one group share, or None for a legacy group without a task index."""
+    if group_id is not None:
+        return ("group", group_id, attempt)
+    if task_index is not None:
+        return ("task", task_index, attempt)
+    return None
 
 
 def _fields(record: Record) -> dict[str, Any]:
@@ -292,6 +308,10 @@ class GroupRegistry:
         # flagged at once, since that group completes only if every member comes again.
         self.completed_legacy: AgedIndex[str, None] = AgedIndex()
         self.legacy_resends_collecting = 0
+        # Slots this server answered masked, by the identity the group's rows carry (the latest
+        # group of a legacy task index), kept as long as a result would be: /aggregate_metrics
+        # counts them even when a collector left the masked rows out.
+        self.masked_answers: AgedIndex[RowsGroup, frozenset[int]] = AgedIndex()
 
     # ---- arrival (C-40..C-44) ---------------------------------------------------------------
 
@@ -335,6 +355,7 @@ class GroupRegistry:
         if record is None:
             record = self._new_record(key, None, arrival.attempt, arrival.digest, now)
             record.legacy_key = key
+            record.task_index = arrival.task_index
             self.legacy[key] = record
             completed_at = self.completed_legacy.stamped(key)
             if completed_at is not None:
@@ -670,6 +691,11 @@ class GroupRegistry:
             member.texts = None
         failed_comparisons = len(record.failed_comparisons)
         self._count_finished("partially_masked" if masked else "completed", "none", masked)
+        self._note_masked(
+            record,
+            [slot for slot, m in record.members.items() if isinstance(m.outcome, Masked)],
+            now,
+        )
         self._drop_working_state(record)
         self._log(
             30 if masked else 20,
@@ -696,6 +722,8 @@ class GroupRegistry:
             member.texts = None
         masked = len(record.members) if kind is FailureKind.JUDGE else 0
         self._count_finished("failed", kind.value, masked)
+        if kind is FailureKind.JUDGE:
+            self._note_masked(record, list(record.members), now)
         self._drop_working_state(record)
         effects.append(CancelGroup(record))
         self._log(
@@ -711,6 +739,15 @@ class GroupRegistry:
         key = (disposition, kind)
         self.finished[key] = self.finished.get(key, 0) + 1
         self.rollouts_masked += masked
+
+    def _note_masked(self, record: Record, slots: list[int], now: float) -> None:
+        group = rows_group(record.group_id, record.attempt, record.task_index)
+        if slots and group is not None:
+            self.masked_answers.stamp(group, frozenset(slots), now)
+
+    def masked_rollouts(self, group: RowsGroup) -> frozenset[int] | None:
+        """The slots this server answered masked for the group rows name, if it knows."""
+        return self.masked_answers.get(group)
 
     def _settle_legacy_resend(self, record: Record) -> None:
         """A resent legacy group stops counting once it leaves ``collecting``."""
@@ -777,6 +814,7 @@ class GroupRegistry:
         # Kept as long as a result would be, and pruned from the head the same way (R-4); it is
         # no retention index of R-3, so its visits stay out of prune_visits.
         self.completed_legacy.prune(now, ttl, cap, lambda key, _: None)
+        self.masked_answers.prune(now, ttl, cap, lambda key, _: None)
 
     def _drop_record(self, _: int, record: Record) -> None:
         if record.group_id is not None:
@@ -808,6 +846,7 @@ class GroupRegistry:
             self.idle_order.clear()
             self.active.clear()
             self.completed_legacy.clear()
+            self.masked_answers.clear()
             self.legacy_resends_collecting = 0
 
     # ---- shared stores ---------------------------------------------------------------------

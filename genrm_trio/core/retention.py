@@ -41,6 +41,15 @@ class AgedIndex(Generic[K, V]):
         entry = self._entries.get(key)
         return None if entry is None else entry[0]
 
+    def get(self, key: K) -> V | None:
+        """The entry's value, or None if it is not there."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry[1]
+
+    def items(self) -> list[tuple[K, float, V]]:
+        """(key, stamp, value) from the head."""
+        return [(key, stamped, value) for key, (stamped, value) in self._entries.items()]
+
     def discard(self, key: K) -> None:
         self._entries.pop(key, None)
 

@@ -392,7 +392,7 @@ def create_app(
         metrics.compare("scored")
         return _reply(200, payload)
 
-    register_gym_routes(app, read_body)
+    register_gym_routes(app, read_body, engine.registry.masked_rollouts)
 
     @app.get("/healthz")
     async def healthz() -> Response:

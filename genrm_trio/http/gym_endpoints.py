@@ -17,24 +17,21 @@ import msgspec
 from quart import Response
 from quart_trio import QuartTrio
 
+from genrm_trio.core.groups import RowsGroup, rows_group
+from genrm_trio.core.gym_metrics import ROLLOUT_KEY as ROLLOUT_INDEX_KEY
+from genrm_trio.core.gym_metrics import TASK_KEY as TASK_INDEX_KEY
+from genrm_trio.core.gym_metrics import gym_aggregate
 from genrm_trio.core.run_metrics import RunMetrics, summarize_rows
 from genrm_trio.http import json_scan
 from genrm_trio.http.bodies import BadRequest
 from genrm_trio.http.parsing import split_members
 from genrm_trio.http.rendering import error_body
 
-TASK_INDEX_KEY: Final = "_ng_task_index"
 ROWS_KEY: Final = "verify_responses"
-# The reward statistics under Gym's `<statistic>/<field>` names, so that Gym's collector logs
-# them as it logs its own (its default headline metrics are the `mean/` entries).
-_REWARD_STATISTICS: Final = (
-    ("mean/reward", "reward_mean"),
-    ("std/reward", "reward_std"),
-    ("min/reward", "reward_min"),
-    ("max/reward", "reward_max"),
-    ("median/reward", "reward_median"),
-)
-_KEY_METRICS: Final[tuple[str, ...]] = ("mean/reward", "mask_rate", "scored", "failed")
+# The failure class of a masked row this server answered (W-30).
+MASKED_ROW_CLASS: Final = "judge_failed"
+# What only this server knows, added to Gym's keys overall and per task.
+_KEY_METRICS: Final[tuple[str, ...]] = ("mask_rate", "scored", "failed")
 
 
 class SeedSessionRequestDoc(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,16 +68,21 @@ class AggregateMetricsRequestDoc(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class AggregateMetricsReply(msgspec.Struct, frozen=True, kw_only=True):
-    """Gym's AggregateMetrics: flat metric names, overall and per task.
+    """Gym's AggregateMetrics: Gym's own keys with Gym's definitions (`core.gym_metrics`), and
+    genrm-trio's counts added overall and per task.
 
-    Metrics: `rows`, `scored`, `failed`, `mask_rate` (failed / rows), `failures/<class>` for each
-    failure class present, and over scored rows only `mean/reward`, `std/reward` (population),
-    `min/reward`, `max/reward`, `median/reward` (absent when no row is scored).
+    genrm-trio's keys: `rows` (rows given), `scored`, `failed`, `failures/<class>`,
+    `masked_by_server` (rollouts of these rows' groups that this server answered masked, given
+    or not), `rollouts` (rows given plus those masked rollouts that are not among them) and
+    `mask_rate` (failed / rollouts). A masked rollout the collector kept out of the rows thus
+    still counts, in `failed`, `failures/judge_failed` and `mask_rate`.
     """
 
     group_level_metrics: list[dict[str, Any]] = msgspec.field(default_factory=list)
     agent_metrics: dict[str, Any] = msgspec.field(default_factory=dict)
     key_metrics: dict[str, Any] = msgspec.field(default_factory=dict)
+    perf_summary: dict[str, Any] | None = None
+    repeat_level_metrics: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
 
 _ENCODER: Final = msgspec.json.Encoder()
@@ -148,49 +150,102 @@ def _kind(value: Any) -> str:
     return "an object"
 
 
-def flat_metrics(metrics: RunMetrics) -> dict[str, Any]:
-    """One RunMetrics under flat names, as Gym logs them (W&B, MLflow)."""
+def counts(metrics: RunMetrics, unseen_masked: int, masked_by_server: int) -> dict[str, Any]:
+    """genrm-trio's counts over some rows, with the masked rollouts that are not among them."""
+    failures = dict(metrics.failures_by_class)
+    if unseen_masked:
+        failures[MASKED_ROW_CLASS] = failures.get(MASKED_ROW_CLASS, 0) + unseen_masked
+    rollouts = metrics.rows + unseen_masked
+    failed = metrics.failed + unseen_masked
     flat: dict[str, Any] = {
         "rows": metrics.rows,
         "scored": metrics.scored,
-        "failed": metrics.failed,
-        "mask_rate": metrics.mask_rate,
+        "failed": failed,
+        "rollouts": rollouts,
+        "masked_by_server": masked_by_server,
+        "mask_rate": failed / rollouts if rollouts else 0.0,
     }
-    for failure_class, count in metrics.failures_by_class.items():
+    for failure_class, count in sorted(failures.items()):
         flat[f"failures/{failure_class}"] = count
-    for name, attribute in _REWARD_STATISTICS:
-        value = getattr(metrics, attribute)
-        if value is not None:
-            flat[name] = value
     return flat
 
 
-def _task_of(row: Mapping[str, Any]) -> int | None:
+def _task_of(row: Mapping[str, Any]) -> Any:
+    # Gym's grouping: a row without a task index is task 0.
     task = row.get(TASK_INDEX_KEY)
-    return task if isinstance(task, int) and not isinstance(task, bool) else None
+    return 0 if task is None else task
 
 
-def aggregate_metrics(rows: Iterable[Mapping[str, Any]]) -> AggregateMetricsReply:
-    """Gym's AggregateMetrics over ``rows``: the whole run, then each task in index order
-    (rows without an integer task index together, last)."""
-    rows = list(rows)
-    if not rows:
-        return AggregateMetricsReply()
-    by_task: dict[int | None, list[Mapping[str, Any]]] = {}
-    for row in rows:
-        by_task.setdefault(_task_of(row), []).append(row)
-    order = sorted(by_task, key=lambda task: (task is None, task or 0))
-    groups = [
-        {TASK_INDEX_KEY: task} | flat_metrics(summarize_rows(by_task[task])) for task in order
-    ]
-    overall = flat_metrics(summarize_rows(rows))
-    key_metrics = {name: overall[name] for name in _KEY_METRICS if name in overall}
-    return AggregateMetricsReply(
-        group_level_metrics=groups, agent_metrics=overall, key_metrics=key_metrics
+def _int_or(value: Any, default: int | None) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _rows_group(row: Mapping[str, Any]) -> RowsGroup | None:
+    group_id = row.get("_ng_group_id")
+    attempt = _int_or(row.get("_ng_group_attempt"), 0)
+    return rows_group(
+        group_id if isinstance(group_id, str) else None,
+        attempt if attempt is not None else 0,
+        _int_or(row.get(TASK_INDEX_KEY), None),
     )
 
 
-def register_gym_routes(app: QuartTrio, read_body: Callable[[], Awaitable[bytes]]) -> None:
+def aggregate_metrics(
+    rows: Iterable[Mapping[str, Any]],
+    masked_rollouts: Callable[[RowsGroup], frozenset[int] | None] = lambda group: None,
+) -> AggregateMetricsReply:
+    """Gym's AggregateMetrics over ``rows`` with genrm-trio's counts; ``masked_rollouts`` says
+    which slots of a group the server answered masked, when it knows."""
+    rows = list(rows)
+    if not rows:
+        return AggregateMetricsReply()
+    gym = gym_aggregate(rows)
+    by_task: dict[Any, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        by_task.setdefault(_task_of(row), []).append(row)
+    slots_given: dict[RowsGroup, set[Any]] = {}
+    task_of_group: dict[RowsGroup, Any] = {}
+    for row in rows:
+        group = _rows_group(row)
+        if group is not None:
+            slots_given.setdefault(group, set()).add(row.get(ROLLOUT_INDEX_KEY))
+            task_of_group.setdefault(group, _task_of(row))
+    unseen: dict[Any, int] = {}
+    known: dict[Any, int] = {}
+    for group, given in slots_given.items():
+        masked = masked_rollouts(group)
+        if masked:
+            task = task_of_group[group]
+            unseen[task] = unseen.get(task, 0) + len(masked - given)
+            known[task] = known.get(task, 0) + len(masked)
+    ours = {
+        task: counts(summarize_rows(task_rows), unseen.get(task, 0), known.get(task, 0))
+        for task, task_rows in by_task.items()
+    }
+    groups = {entry[TASK_INDEX_KEY]: entry for entry in gym["group_level_metrics"]}
+    for task, flat in ours.items():
+        groups.setdefault(task, {TASK_INDEX_KEY: task}).update(flat)
+    overall = counts(summarize_rows(rows), sum(unseen.values()), sum(known.values()))
+    agent_metrics = {**gym["agent_metrics"], **overall}
+    key_metrics = {**gym["key_metrics"], **{name: overall[name] for name in _KEY_METRICS}}
+    return AggregateMetricsReply(
+        group_level_metrics=[groups[task] for task in sorted(groups, key=_task_order)],
+        agent_metrics=agent_metrics,
+        key_metrics=key_metrics,
+        repeat_level_metrics=gym["repeat_level_metrics"],
+    )
+
+
+def _task_order(task: Any) -> tuple[int, Any]:
+    # Task indices are integers in Gym's rows; anything else sorts after them, by its text.
+    return (0, task) if isinstance(task, int) else (1, str(task))
+
+
+def register_gym_routes(
+    app: QuartTrio,
+    read_body: Callable[[], Awaitable[bytes]],
+    masked_rollouts: Callable[[RowsGroup], frozenset[int] | None],
+) -> None:
     """Add Gym's session, reverify-mode and metrics routes to ``app``; ``read_body`` reads the
     request body under the server's body limit (413)."""
 
@@ -228,4 +283,4 @@ def register_gym_routes(app: QuartTrio, read_body: Callable[[], Awaitable[bytes]
             rows = parse_aggregate_metrics_body(await read_body())
         except BadRequest as exc:
             return reply(exc.status, error_body(exc.detail))
-        return reply(200, _ENCODER.encode(aggregate_metrics(rows)))
+        return reply(200, _ENCODER.encode(aggregate_metrics(rows, masked_rollouts)))

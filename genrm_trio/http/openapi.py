@@ -170,8 +170,12 @@ def _build(version: str) -> dict[str, Any]:
             "operationId": "aggregate_metrics",
             "summary": "Run metrics over finished rows, in NeMo Gym's AggregateMetrics shape",
             "description": (
-                "Reward statistics cover scored rows only; masked and failed rows count in "
-                "mask_rate and failures/<class>. group_level_metrics has one entry per "
+                "NeMo Gym's keys with Gym's definitions (statistics over the rows that are not "
+                "masked, the sample standard deviation, repeat-level metrics and their "
+                "aggregates across repeats, coverage), plus genrm-trio's counts: rows, scored, "
+                "failed, rollouts, masked_by_server, mask_rate and failures/<class>, which "
+                "include the rollouts of these rows' groups that the server answered masked "
+                "even when they are not among the rows. group_level_metrics has one entry per "
                 "_ng_task_index."
             ),
             "requestBody": {"required": True, "content": {_JSON: {"schema": aggregate_request}}},

@@ -303,6 +303,15 @@ class SharedEngine(Engine):
         for key, count in tx.registry.finished.items():
             self.registry.finished[key] = self.registry.finished.get(key, 0) + count
         self.registry.rollouts_masked += tx.registry.rollouts_masked
+        # Masked answers of the groups this process ended, for /aggregate_metrics.
+        for group, stamped, slots in tx.registry.masked_answers.items():
+            self.registry.masked_answers.stamp(group, slots, stamped)
+        self.registry.masked_answers.prune(
+            tx.now,
+            self.config.cohort_result_ttl_s,
+            self.config.max_terminal_cohorts,
+            lambda group, slots: None,
+        )
         finished = tx.finished
         if finished is not None:
             # Local waiters need not wait for the notification; an evaluation of ours that

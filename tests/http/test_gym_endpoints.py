@@ -10,11 +10,17 @@ import pytest
 import trio
 
 from genrm_trio.core.run_metrics import summarize_rows
-from genrm_trio.http.gym_endpoints import aggregate_metrics, flat_metrics
+from genrm_trio.http.gym_endpoints import aggregate_metrics, counts
 from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member, running_server
 
-GYM_REPLY_KEYS = {"group_level_metrics", "agent_metrics", "key_metrics"}
+GYM_REPLY_KEYS = {
+    "group_level_metrics",
+    "agent_metrics",
+    "key_metrics",
+    "perf_summary",
+    "repeat_level_metrics",
+}
 
 
 def scored(task: int, reward: float) -> dict[str, object]:
@@ -35,40 +41,55 @@ def test_metrics_cover_scored_rows_only_and_count_failures_by_class() -> None:
     rows = [scored(0, 4.0), scored(0, 2.0), masked(0), scored(1, 3.0), masked(1), masked(1)]
     reply = aggregate_metrics(rows)
     overall = reply.agent_metrics
-    assert overall["rows"] == 6 and overall["scored"] == 3 and overall["failed"] == 3
-    assert overall["mask_rate"] == 0.5
+    assert overall["rows"] == overall["rollouts"] == 6
+    assert overall["scored"] == 3 and overall["failed"] == 3
+    assert overall["mask_rate"] == 0.5 and overall["masked_by_server"] == 0
     assert overall["failures/judge_failed"] == 3
-    # A masked row's placeholder 0.0 never drags the mean down.
+    # Gym's keys, with Gym's definitions: a masked row's placeholder 0.0 never drags the mean
+    # down, and the spread is the sample standard deviation.
     assert overall["mean/reward"] == 3.0
     assert overall["min/reward"] == 2.0 and overall["max/reward"] == 4.0
-    assert math.isclose(overall["std/reward"], math.sqrt(2 / 3))
-    assert reply.key_metrics == {"mean/reward": 3.0, "mask_rate": 0.5, "scored": 3, "failed": 3}
+    assert math.isclose(overall["std/reward"], 1.0)
+    assert overall["coverage/masked_rollouts"] == 3 and overall["coverage/measured_rollouts"] == 3
+    assert reply.key_metrics == {
+        "mean/reward": 3.0,
+        "coverage/measured_rollouts": 3,
+        "coverage/masked_rollouts": 3,
+        "coverage/measured_tasks": 2,
+        "coverage/fully_masked_tasks": 0,
+        "mask_rate": 0.5,
+        "scored": 3,
+        "failed": 3,
+    }
     tasks = {group["_ng_task_index"]: group for group in reply.group_level_metrics}
     assert list(tasks) == [0, 1]
     assert tasks[0]["mean/reward"] == 3.0 and tasks[0]["mask_rate"] == 1 / 3
+    assert tasks[0]["num_rollouts"] == tasks[0]["expected_num_rollouts"] == 2
     assert tasks[1]["mean/reward"] == 3.0 and tasks[1]["failures/judge_failed"] == 2
 
 
-def test_the_flat_names_carry_exactly_the_shared_definitions() -> None:
+def test_the_counts_carry_the_shared_failure_classes() -> None:
     rows = [scored(0, 1.0), {"reward": float("nan")}, {"_ng_failure_class": "timeout"}]
-    metrics = summarize_rows(rows)
-    flat = flat_metrics(metrics)
+    flat = counts(summarize_rows(rows), 0, 0)
     assert flat["failures/no_reward"] == 1 and flat["failures/timeout"] == 1
-    assert flat["mask_rate"] == metrics.mask_rate
-    assert flat["median/reward"] == metrics.reward_median == 1.0
+    assert flat["mask_rate"] == summarize_rows(rows).mask_rate
+    with_unseen = counts(summarize_rows(rows), 2, 2)
+    assert with_unseen["failures/judge_failed"] == 2 and with_unseen["rollouts"] == 5
+    assert with_unseen["mask_rate"] == 4 / 5
 
 
-def test_a_task_with_no_scored_row_has_no_reward_statistics() -> None:
+def test_a_task_with_no_scored_row_has_only_the_counts() -> None:
     reply = aggregate_metrics([masked(7), {"reward": 2.0}])
     by_task = {group["_ng_task_index"]: group for group in reply.group_level_metrics}
-    assert list(by_task) == [7, None]  # rows without a task index come last, together
+    assert list(by_task) == [0, 7]  # as in Gym, a row without a task index is task 0
     assert "mean/reward" not in by_task[7] and by_task[7]["failed"] == 1
-    assert by_task[None]["mean/reward"] == 2.0
+    assert by_task[0]["mean/reward"] == 2.0
 
 
 def test_no_rows_give_gyms_empty_metrics() -> None:
     reply = aggregate_metrics([])
     assert (reply.group_level_metrics, reply.agent_metrics, reply.key_metrics) == ([], {}, {})
+    assert (reply.repeat_level_metrics, reply.perf_summary) == ([], None)
 
 
 async def test_a_run_with_a_masked_pair_aggregates_over_the_server_rows() -> None:
@@ -82,9 +103,32 @@ async def test_a_run_with_a_masked_pair_aggregates_over_the_server_rows() -> Non
     assert reply.status == 200 and set(reply.body) == GYM_REPLY_KEYS
     agent = reply.body["agent_metrics"]
     assert agent["scored"] == 2 and agent["mask_rate"] == 0.5
-    assert agent["failures/judge_failed"] == 2
+    assert agent["failures/judge_failed"] == 2 and agent["masked_by_server"] == 2
     assert agent["mean/reward"] == (rows[0].reward + rows[3].reward) / 2
+    assert agent["num_repeats"] == 4
     assert reply.body["group_level_metrics"][0]["_ng_task_index"] == 0
+    repeats = reply.body["repeat_level_metrics"]
+    assert [entry["_ng_rollout_index"] for entry in repeats] == [0, 3]
+
+
+async def test_masked_rollouts_left_out_of_the_rows_still_count() -> None:
+    # Gym's collector moves masked rows to its failures sidecar and aggregates the rest: the
+    # server remembers which rollouts of those groups it answered masked.
+    judge = FakeJudge(rules=[pair_rule(1, 2, "http_status", status=400)])
+    async with running_server(judge=judge, num_rollouts_per_prompt=4) as server:
+        legacy = await server.complete(None, None, qualities=[5, 4, 3, 2], _ng_task_index=3)
+        explicit = await server.complete("g9", 1, qualities=[5, 4, 3, 2], _ng_task_index=4)
+        given = [r.body for r in legacy + explicit if not r.masked]
+        reply = await server.post("/aggregate_metrics", {"verify_responses": given})
+    agent = reply.body["agent_metrics"]
+    assert (agent["rows"], agent["scored"], agent["rollouts"]) == (4, 4, 8)
+    assert (agent["failed"], agent["masked_by_server"], agent["mask_rate"]) == (4, 4, 0.5)
+    assert agent["failures/judge_failed"] == 4
+    assert "coverage/masked_rollouts" not in agent  # Gym's own keys see only the rows given
+    assert reply.body["key_metrics"]["mask_rate"] == 0.5
+    tasks = {group["_ng_task_index"]: group for group in reply.body["group_level_metrics"]}
+    assert tasks[3]["mask_rate"] == tasks[4]["mask_rate"] == 0.5
+    assert tasks[3]["num_rollouts"] == 2 and tasks[3]["rollouts"] == 4
 
 
 async def test_seed_session_answers_an_empty_object_and_keeps_nothing() -> None:

@@ -58,7 +58,13 @@ def test_gym_routes_document_gyms_shapes() -> None:
     assert schema(document, content["$ref"])["required"] == ["verify_responses"]
     reply = operation["responses"]["200"]["content"]["application/json"]["schema"]
     properties = schema(document, reply["$ref"])["properties"]
-    assert set(properties) == {"group_level_metrics", "agent_metrics", "key_metrics"}
+    assert set(properties) == {
+        "group_level_metrics",
+        "agent_metrics",
+        "key_metrics",
+        "perf_summary",
+        "repeat_level_metrics",
+    }
 
 
 def test_every_reference_resolves() -> None:
