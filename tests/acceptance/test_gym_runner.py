@@ -1,7 +1,8 @@
-"""genrm-trio inside a NeMo Gym run, over TCP.
+"""genrm-trio inside a NeMo Gym run, over TCP, without Gym.
 
-NeMo Gym itself needs Python >= 3.13.14 and pulls in Ray, so this suite imitates its runner's
-exact calls instead (docs/coming-from-nemo-gym.md says so): like `gym env start`, it writes the
+test_gym_pipeline.py runs the real Gym where a Python >= 3.13 is at hand; this suite imitates
+its runner's exact calls for what that run does not cover (Gym's shipped genrm_compare config,
+a judge behind `genrm_model_server`, a dry run, a bad block): like `gym env start`, it writes the
 merged config of the run with every server's host and port assigned, starts
 `<venv python> app.py` in the server's directory with that config as YAML in
 NEMO_GYM_CONFIG_DICT, the server's name in NEMO_GYM_CONFIG_PATH and the directory on PYTHONPATH,
