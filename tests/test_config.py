@@ -633,6 +633,7 @@ def test_equal_deadlines_and_defaults_give_no_warning() -> None:
 
 
 def test_a_group_mean_placeholder_without_groups_is_warned_about() -> None:
+    # CF-14
     group_mean = {**REQUIRED, "masked_reward_placeholder": "group_mean"}
     single = config_from_mapping({**group_mean, "num_rollouts_per_prompt": 1})
     assert config_warnings(single) == [

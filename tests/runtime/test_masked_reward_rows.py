@@ -40,6 +40,7 @@ def without_reward(reply: Reply) -> dict[str, Any]:
 
 
 async def test_group_mean_gives_masked_rows_the_mean_of_the_scored_rewards() -> None:
+    # AS-172
     rows = await group("group_mean")
     assert [r.masked for r in rows] == [False] * 4 + [True] * 2
     assert [r.reward for r in rows[:4]] == [1.0, 3.0, 5.0, 2.0]
@@ -67,6 +68,7 @@ async def test_only_the_masked_rows_reward_differs_from_zero() -> None:
 
 
 async def test_replays_answer_the_same_bytes() -> None:
+    # AS-172, M-8
     async with running_server(
         judge=judge(), num_rollouts_per_prompt=N, masked_reward_placeholder="group_mean"
     ) as server:
@@ -91,6 +93,7 @@ async def test_a_spooled_masked_row_is_the_same_bytes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("policy", ["zero", "group_mean"])
 async def test_a_group_whose_every_rollout_is_masked_carries_zero(policy: str) -> None:
+    # AS-173
     outage = FakeJudge(rules=[{"action": "http_status", "status": 400}])
     async with running_server(
         judge=outage, num_rollouts_per_prompt=4, masked_reward_placeholder=policy
@@ -103,7 +106,7 @@ async def test_a_group_whose_every_rollout_is_masked_carries_zero(policy: str) -
 
 
 async def test_compare_has_no_masked_entries_to_fill() -> None:
-    # /compare is fail-fast (M-9): the key changes neither its rewards nor its failures.
+    # /compare is fail-fast (M-9, W-43): the key changes neither its rewards nor its failures.
     answers = {
         "conversation_history": [{"role": "user", "content": "2+2?"}],
         "response_objs": [member(i, q)["response"] for i, q in enumerate(QUALITIES)],

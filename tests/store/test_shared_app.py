@@ -77,7 +77,7 @@ async def test_memory_store_is_the_default_and_health_says_so() -> None:
 async def test_group_mean_placeholders_replay_the_same_bytes_from_the_store(
     shared_redis_server: RedisServer,
 ) -> None:
-    # N = 4, pair (1, 2) fails: rows 1 and 2 are masked, rows 0 and 3 scored 4.0 and 1.0.
+    # AS-174. N = 4, pair (1, 2) fails: rows 1 and 2 masked, rows 0 and 3 scored 4.0 and 1.0.
     judge = FakeJudge(rules=[pair_rule(1, 2, "http_status", status=400)])
     settings = {
         "group_store": shared_redis_server.url,
