@@ -21,6 +21,7 @@ from genrm_trio.config.schema import (
     JudgeBalance,
     LogFormat,
     LogLevel,
+    MaskedRewardPlaceholder,
     Strategy,
 )
 
@@ -351,6 +352,7 @@ _CHECKS: dict[str, _Check] = {
     "group_style_penalty_coeff": _number(at_least=0),
     "default_score": _number(),
     "default_ranking": _number(),
+    "masked_reward_placeholder": _choice(MaskedRewardPlaceholder),
     "max_body_bytes": _integer(1024),
     "waiting_body_memory_bytes": _nullable_integer(0),
     "spool_dir": _nullable_path,

@@ -30,6 +30,7 @@ Strategy = Literal["circular", "all_pairs", "fixed_baseline"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 LogFormat = Literal["text", "json"]
 JudgeBalance = Literal["affinity", "least_outstanding"]
+MaskedRewardPlaceholder = Literal["zero", "group_mean"]
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,6 +74,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     group_style_penalty_coeff: float = 0.0
     default_score: float = 3.0
     default_ranking: float = 3.5
+    # What a masked row's `reward` holds (W-33): 0.0, or the mean of its group's scored rewards
+    # so that a trainer counting the row in its group mean is not moved by it.
+    masked_reward_placeholder: MaskedRewardPlaceholder = "zero"
     max_body_bytes: int = 67108864
     # Bodies of requests in flight kept in memory; beyond it they wait in files in spool_dir
     # (None: no budget, every body stays in memory).

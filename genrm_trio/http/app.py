@@ -103,7 +103,7 @@ def _render_parts(request: VerifyRequest, outcome: Outcome) -> tuple[int, list[E
         return 200, scored_row_parts(request, outcome.reward, outcome.metrics)
     if isinstance(outcome, Masked):
         text = bound_failure_text(outcome.text, outcome.suffix)
-        return 200, masked_row_parts(request, text)
+        return 200, masked_row_parts(request, text, outcome.placeholder)
     return outcome.status, [error_body(outcome.detail)]
 
 
