@@ -200,6 +200,7 @@ class Result:
     peak_rss: int = 0
     setup: str = "memory x1"
     digests: dict[int, bytes] = field(default_factory=dict)
+    worker_peak_rss: int = 0
     redis_cpu_s: float = 0.0
     redis_commands: int = 0
     judge_calls: int = 0
@@ -219,6 +220,8 @@ async def burst(
     others: Sequence[Child] = (),
     redis: RedisServer | None = None,
     front: Child | None = None,
+    process_pids: Sequence[int] = (),
+    redis_pid: int | None = None,
 ) -> None:
     """Post every body at once and fill `result` with the replies, their latencies and the CPU
     each process spent meanwhile (keep-alive connections are opened before any of it counts).
@@ -264,13 +267,16 @@ async def burst(
             except Exception as exc:
                 result.errors[type(exc).__name__] += 1
 
-        pids = [child.pid for child in servers]
+        # `process_pids`: the processes of one `serve --workers` (parent and workers) instead.
+        pids = list(process_pids) or [child.pid for child in servers]
+        if redis is not None and redis.pid:
+            redis_pid = redis.pid
         for pid in pids:
             reset_peak_rss(pid)
         server_cpu = sum(cpu_seconds(pid) for pid in pids)
         judge_cpu = cpu_seconds(judge.pid)
         calls_before = judge_calls(judge)
-        redis_cpu = cpu_seconds(redis.pid) if redis is not None and redis.pid else 0.0
+        redis_cpu = cpu_seconds(redis_pid) if redis_pid is not None else 0.0
         commands = redis_command_calls(redis) if redis is not None else 0
         client_cpu = own_cpu_seconds()
         before = listen_counters()
@@ -290,8 +296,9 @@ async def burst(
         result.server_cpu_s = sum(cpu_seconds(pid) for pid in pids) - server_cpu
         result.judge_cpu_s = cpu_seconds(judge.pid) - judge_cpu
         result.judge_calls = judge_calls(judge) - calls_before
-        if redis is not None and redis.pid:
-            result.redis_cpu_s = cpu_seconds(redis.pid) - redis_cpu
+        if redis_pid is not None:
+            result.redis_cpu_s = cpu_seconds(redis_pid) - redis_cpu
+        if redis is not None:
             result.redis_commands = redis_command_calls(redis) - commands
         result.peak_rss = max(peak_rss_bytes(pid) for pid in pids)
     result.overflows = after.get("ListenOverflows", 0) - before.get("ListenOverflows", 0)
@@ -394,6 +401,108 @@ def run_store(
                 result.errors[f"judge calls {result.judge_calls} on replay"] += 1
         results.append(result)
     return results
+
+
+def process_children(pid: int) -> list[int]:
+    """Every child of `pid`, whichever of its threads started it."""
+    found: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as listing:
+            found += [int(child) for child in listing.read().split()]
+    return found
+
+
+def is_store_server(pid: int) -> bool:
+    # The executable, not the command line: Redis rewrites its process title.
+    return os.path.basename(os.readlink(f"/proc/{pid}/exe")) in ("redis-server", "valkey-server")
+
+
+def run_workers(judge: Child, rollouts: int, tokens: int, *, workers: int, tag: str) -> Result:
+    """One step posted at once on fresh connections to `serve --workers K` (its own store)."""
+    result = Result("fresh", rollouts, tokens, setup=f"--workers {workers}")
+    bodies = step_bodies(rollouts, tokens, f"{tag}-workers-{workers}")
+    server = start_server(judge.url, GROUP_SIZE, (), "--workers", str(workers))
+    try:
+        children = process_children(server.pid)
+        stores = [pid for pid in children if is_store_server(pid)]
+        workers_pids = [pid for pid in children if pid not in stores]
+        asyncio.run(
+            burst(
+                server,
+                judge,
+                bodies,
+                keep_alive=False,
+                result=result,
+                # One worker: the process itself serves. More: the parent only supervises.
+                process_pids=[server.pid, *workers_pids],
+                redis_pid=stores[0] if stores else None,
+            )
+        )
+        result.worker_peak_rss = max(
+            (peak_rss_bytes(pid) for pid in workers_pids), default=result.peak_rss
+        )
+    finally:
+        server.stop()
+    if result.judge_calls != rollouts:
+        result.errors[f"judge calls {result.judge_calls} for {rollouts} comparisons"] += 1
+    return result
+
+
+WORKER_HEADERS = [
+    "set-up",
+    "rollouts",
+    "tokens",
+    "200 rows",
+    "errors",
+    "/verify per s",
+    "vs --workers 1",
+    "p99 ms",
+    "server CPU ms per /verify",
+    "Redis CPU ms per /verify",
+    "judge calls",
+    "peak RSS per worker MiB",
+    "client CPU ms per /verify",
+]
+
+
+def worker_row(result: Result, baseline: Result) -> list[str]:
+    errors = ", ".join(f"{kind}: {count}" for kind, count in result.errors.most_common()) or "0"
+    per = 1e3 / max(result.rollouts, 1)
+    return [
+        result.setup,
+        f"{result.rollouts:,}",
+        f"{result.tokens // 1024}k",
+        f"{result.ok:,}",
+        errors,
+        f"{result.rate:,.0f}",
+        f"{result.rate / baseline.rate:.2f}x" if baseline.rate > 0 else "-",
+        f"{percentile(result.latencies, 0.99) * 1e3:,.0f}",
+        f"{result.server_cpu_s * per:.2f}",
+        f"{result.redis_cpu_s * per:.2f}",
+        f"{result.judge_calls:,}",
+        mib(result.worker_peak_rss),
+        f"{result.client_cpu_s * per:.2f}",
+    ]
+
+
+def workers_runs(args: argparse.Namespace, runs: list[tuple[int, int]]) -> int:
+    """Each step against `serve --workers K` for each K, in the same run."""
+    judge = start_fake_judge()
+    rows: list[list[str]] = []
+    try:
+        for number, (rollouts, tokens) in enumerate(runs):
+            baseline: Result | None = None
+            for workers in args.workers:
+                result = run_workers(judge, rollouts, tokens, workers=workers, tag=f"r{number}")
+                baseline = baseline or result
+                rows.append(worker_row(result, baseline))
+                print(table(WORKER_HEADERS, [rows[-1]]).splitlines()[-1], flush=True)
+    finally:
+        judge.stop()
+    print()
+    print(table(WORKER_HEADERS, rows))
+    print(f"load average after the runs: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    return 0
 
 
 def run_one(
@@ -588,6 +697,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="after each Redis step, SIGKILL the servers, start them again and post the whole "
         "step again: every row must come back byte-identical with no judge call",
     )
+    args_parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        metavar="K",
+        help="run each step against `serve --workers K` for each K (the first is the baseline)",
+    )
     args = args_parser.parse_args(argv)
     if aiohttp is None:
         print("bench_burst needs aiohttp: pip install -e '.[bench]'", file=sys.stderr)
@@ -598,6 +714,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"load generator: aiohttp {aiohttp.__version__}, open-file limit {limit}")
     if args.group_store == "redis":
         return store_runs(args, runs)
+    if args.workers:
+        return workers_runs(args, runs)
     judge = start_fake_judge()
     results: list[tuple[Result, Result]] = []
     baselines: list[Result] = []

@@ -16,6 +16,7 @@ import msgspec
 
 from genrm_trio.config.schema import (
     SAMPLING_KEY,
+    AppendFsync,
     Config,
     JudgeApi,
     JudgeBalance,
@@ -366,6 +367,8 @@ _CHECKS: dict[str, _Check] = {
     "group_store_key_prefix": _non_empty_text,
     "group_store_lease_s": _number(above=0),
     "group_store_poll_s": _number(above=0),
+    "workers": _integer(1),
+    "embedded_store_appendfsync": _choice(AppendFsync),
 }
 
 CONFIG_KEYS: tuple[str, ...] = tuple(_CHECKS)

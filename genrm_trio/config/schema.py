@@ -31,6 +31,7 @@ LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 LogFormat = Literal["text", "json"]
 JudgeBalance = Literal["affinity", "least_outstanding"]
 MaskedRewardPlaceholder = Literal["zero", "group_mean"]
+AppendFsync = Literal["everysec", "always"]
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,6 +95,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     group_store_key_prefix: str = "genrm:"  # lets several deployments share one database
     group_store_lease_s: float = 30.0  # an evaluation owner's lease, renewed every third
     group_store_poll_s: float = 1.0  # sweeps: deadlines, expired leases, missed wake-ups
+    # Worker processes of `serve`; with more than one and `group_store: memory`, the parent
+    # starts a Redis/Valkey server of its own for them, whose append-only file syncs this way.
+    workers: int = 1
+    embedded_store_appendfsync: AppendFsync = "everysec"
 
     @property
     def group_mode(self) -> bool:
