@@ -140,13 +140,17 @@ def render_compare_reply(
 
 
 def render_healthz(
-    status: str, counts: Mapping[str, int], store: tuple[str, bool] = ("memory", True)
+    status: str,
+    counts: Mapping[str, int],
+    store: tuple[str, bool] = ("memory", True),
+    workers: Mapping[str, int] | None = None,
 ) -> bytes:
     """W-50: the status, the four state counts, the count of resent legacy groups, the judge
-    attempts started so far, and the group store (X-4)."""
+    attempts started so far, and the group store (X-4); under `serve --workers N`, after them,
+    `workers` (`worker`, `workers_up`, `workers`: this worker's index, the live workers, N)."""
     if status not in ("ok", "shutting_down"):
         raise ValueError(f"unknown health status {status!r}")
-    return _ENCODER.encode(
+    body = _ENCODER.encode(
         Healthz(
             status=status,  # type: ignore[arg-type]
             active_groups=counts["active_groups"],
@@ -159,6 +163,12 @@ def render_healthz(
             group_store_available=store[1],
         )
     )
+    if workers is None:
+        return body
+    extra = b"".join(
+        b',"%s":%d' % (name.encode(), workers[name]) for name in ("worker", "workers_up", "workers")
+    )
+    return body[:-1] + extra + b"}"
 
 
 def _echo_parts(members: list[tuple[bytes | memoryview, EchoValue]]) -> list[EchoValue]:
