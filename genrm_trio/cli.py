@@ -196,7 +196,12 @@ async def serve(
 ) -> None:
     """Serve until SIGINT/SIGTERM, then shut down gracefully (CL-4)."""
     from genrm_trio.http.app import create_app
-    from genrm_trio.http.serving import ConnectionGate, serve_app
+    from genrm_trio.http.serving import (
+        ACCEPT_BATCH,
+        WORKER_ACCEPT_BATCH,
+        ConnectionGate,
+        serve_app,
+    )
 
     tuning = tune_for_serving(config.listen_backlog, config.judge_max_concurrency)
     for line in tuning.lines:
@@ -244,6 +249,7 @@ async def serve(
                 settings,
                 gate,
                 shutdown_trigger=stop.wait,
+                accept_batch=ACCEPT_BATCH if listen_fd is None else WORKER_ACCEPT_BATCH,
                 task_status=task_status,
             )
             nursery.cancel_scope.cancel()
