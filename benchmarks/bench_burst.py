@@ -479,19 +479,9 @@ WORKER_HEADERS = [
 
 
 def worker_row(result: Result, baseline: Result) -> list[str]:
-    errors = ", ".join(f"{kind}: {count}" for kind, count in result.errors.most_common()) or "0"
     per = 1e3 / max(result.rollouts, 1)
     return [
-        result.setup,
-        f"{result.rollouts:,}",
-        f"{result.tokens // 1024}k",
-        f"{result.ok:,}",
-        errors,
-        f"{result.rate:,.0f}",
-        f"{result.rate / baseline.rate:.2f}x" if baseline.rate > 0 else "-",
-        f"{percentile(result.latencies, 0.99) * 1e3:,.0f}",
-        f"{result.server_cpu_s * per:.2f}",
-        f"{result.redis_cpu_s * per:.2f}",
+        *compared_cells(result, baseline),
         f"{result.judge_calls:,}",
         mib(result.worker_peak_rss),
         f"{result.client_cpu_s * per:.2f}",
@@ -610,7 +600,8 @@ STORE_HEADERS = [
 ]
 
 
-def store_row(result: Result, baseline: Result) -> list[str]:
+def compared_cells(result: Result, baseline: Result) -> list[str]:
+    """The columns the store and worker tables share, the rate against `baseline`'s."""
     errors = ", ".join(f"{kind}: {count}" for kind, count in result.errors.most_common()) or "0"
     per = 1e3 / max(result.rollouts, 1)
     return [
@@ -624,6 +615,12 @@ def store_row(result: Result, baseline: Result) -> list[str]:
         f"{percentile(result.latencies, 0.99) * 1e3:,.0f}",
         f"{result.server_cpu_s * per:.2f}",
         f"{result.redis_cpu_s * per:.2f}",
+    ]
+
+
+def store_row(result: Result, baseline: Result) -> list[str]:
+    return [
+        *compared_cells(result, baseline),
         f"{result.redis_commands / max(result.rollouts, 1):.1f}",
         f"{result.judge_calls:,}",
         mib(result.peak_rss),
