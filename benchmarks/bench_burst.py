@@ -26,23 +26,41 @@ generator's own CPU per /verify.
     python benchmarks/bench_burst.py --short    # 256 rollouts of 1k tokens
     python benchmarks/bench_burst.py --runs 8192x1024
     python benchmarks/bench_burst.py --runs 4096x1024 --baseline-source DIR   # another tree too
+    python benchmarks/bench_burst.py --group-store redis --processes 1 2 4 \
+        --runs 1024x1024 --runs 4096x1024 --runs 8192x1024
+
+With `--group-store redis`, each step is posted at once on fresh connections to one server on the
+in-memory store (the baseline) and then to K servers sharing one Redis (append-only file,
+`--appendfsync`, default everysec) for each K of `--processes`: the members of each group
+alternate between the K servers as a trainer behind a plain load balancer spreads them
+(`--split client`), or all go through the round-robin TCP balancer (`--split balancer`, whose CPU
+counts as the load generator's). Every reply's reward is checked against the one the fake judge's
+qualities predict (under circular pairing a rollout's reward is its own quality, 1 + slot % 5),
+and the judge's own count of calls against the step's required comparisons. Server CPU per
+/verify adds up every server process; Redis CPU and commands per /verify come from
+/proc/<pid>/stat and INFO commandstats before and after the step.
 
 Needs aiohttp: `pip install -e '.[bench]'`.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import hashlib
+import json
 import os
 import resource
 import socket
 import sys
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from _common import (
     BodyShape,
     Child,
@@ -53,11 +71,14 @@ from _common import (
     parser,
     peak_rss_bytes,
     reset_peak_rss,
+    start_child,
     start_fake_judge,
     start_server,
     table,
     verify_body,
 )
+
+from genrm_trio.testing.redis_server import RedisServer
 
 try:
     import aiohttp
@@ -73,6 +94,17 @@ GOAL_RATE = 600.0
 # Only a hung run is cut off: a burst that does not finish in this long is reported, not waited.
 RUN_LIMIT_S = 600.0
 _PLACEHOLDER = "GROUP-PLACEHOLDER"
+
+
+class _Reward(msgspec.Struct):
+    """What the check reads of a row: msgspec skips the echoed rollout without building it, so
+    checking a 64k-token reply costs the load generator little."""
+
+    reward: float
+    mask_sample: bool
+
+
+_ROW = msgspec.json.Decoder(_Reward)
 FULL_RUNS = ((1024, 1024), (4096, 1024), (8192, 1024), (1024, 16384), (1024, 65536))
 SHORT_RUNS = ((256, 1024),)
 
@@ -176,6 +208,12 @@ class Result:
     judge_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
     peak_rss: int = 0
+    setup: str = "memory x1"
+    digests: dict[int, bytes] = field(default_factory=dict)
+    worker_peak_rss: int = 0
+    redis_cpu_s: float = 0.0
+    redis_commands: int = 0
+    judge_calls: int = 0
 
     @property
     def rate(self) -> float:
@@ -189,14 +227,25 @@ async def burst(
     *,
     keep_alive: bool,
     result: Result,
+    others: Sequence[Child] = (),
+    redis: RedisServer | None = None,
+    front: Child | None = None,
+    process_pids: Sequence[int] = (),
+    redis_pid: int | None = None,
+    keep_digests: bool = False,
 ) -> None:
     """Post every body at once and fill `result` with the replies, their latencies and the CPU
-    each process spent meanwhile (keep-alive connections are opened before any of it counts)."""
+    each process spent meanwhile (keep-alive connections are opened before any of it counts).
+    With `others`, request i goes to server i mod (1 + len(others)): a group's members alternate
+    between the servers; with `front` (a balancer), every request goes there instead. Every reward
+    is checked against the one the fake judge predicts."""
     assert aiohttp is not None
     sent: dict[int, float] = {}
     done: dict[int, float] = {}
     group_of: dict[int, int] = {}
-    url = server.url.rstrip("/")
+    servers = [server, *others]
+    urls = [child.url.rstrip("/") for child in ([front] if front else servers)]
+    url = urls[0]
     async with agent_session(len(bodies), sent) as session:
         if keep_alive:
             # Open one connection per rollout before the clock starts.
@@ -206,35 +255,47 @@ async def burst(
 
             await asyncio.gather(*(warm() for _ in bodies))
 
-        async def post(index: int, group: int, payload: bytes) -> None:
+        async def post(index: int, group: int, slot: int, payload: bytes) -> None:
             group_of[index] = group
             try:
                 async with session.post(
-                    f"{url}/verify",
+                    f"{urls[index % len(urls)]}/verify",
                     data=payload,
                     headers={"content-type": "application/json"},
                     trace_request_ctx=index,
                 ) as reply:
                     text = await reply.read()
                     done[index] = time.perf_counter()
+                    if keep_digests:
+                        result.digests[index] = hashlib.blake2b(text, digest_size=16).digest()
                     if reply.status != 200:
                         result.errors[f"HTTP {reply.status}"] += 1
                     elif b'"mask_sample":false' not in text:
                         result.errors["masked row"] += 1
+                    elif _ROW.decode(text).reward != expected_reward(slot):
+                        result.errors["wrong reward"] += 1
                     else:
                         result.ok += 1
             except Exception as exc:
                 result.errors[type(exc).__name__] += 1
 
-        reset_peak_rss(server.pid)
-        server_cpu = cpu_seconds(server.pid)
+        # `process_pids`: the processes of one `serve --workers` (parent and workers) instead.
+        pids = list(process_pids) or [child.pid for child in servers]
+        if redis is not None and redis.pid:
+            redis_pid = redis.pid
+        for pid in pids:
+            reset_peak_rss(pid)
+        server_cpu = sum(cpu_seconds(pid) for pid in pids)
         judge_cpu = cpu_seconds(judge.pid)
+        calls_before = judge_calls(judge)
+        redis_cpu = cpu_seconds(redis_pid) if redis_pid is not None else 0.0
+        commands = redis_command_calls(redis) if redis is not None else 0
         client_cpu = own_cpu_seconds()
         before = listen_counters()
         started = time.perf_counter()
         tasks = [
-            asyncio.create_task(post(index, group, payload))
-            for index, (group, _, payload) in enumerate(bodies)
+            asyncio.create_task(post(index, group, slot, payload))
+            for index, (group, slot, payload) in enumerate(bodies)
         ]
         _, pending = await asyncio.wait(tasks, timeout=RUN_LIMIT_S)
         for task in pending:
@@ -244,9 +305,14 @@ async def burst(
         result.wall_s = time.perf_counter() - started
         after = listen_counters()
         result.client_cpu_s = own_cpu_seconds() - client_cpu
-        result.server_cpu_s = cpu_seconds(server.pid) - server_cpu
+        result.server_cpu_s = sum(cpu_seconds(pid) for pid in pids) - server_cpu
         result.judge_cpu_s = cpu_seconds(judge.pid) - judge_cpu
-        result.peak_rss = peak_rss_bytes(server.pid)
+        result.judge_calls = judge_calls(judge) - calls_before
+        if redis_pid is not None:
+            result.redis_cpu_s = cpu_seconds(redis_pid) - redis_cpu
+        if redis is not None:
+            result.redis_commands = redis_command_calls(redis) - commands
+        result.peak_rss = max(peak_rss_bytes(pid) for pid in pids)
     result.overflows = after.get("ListenOverflows", 0) - before.get("ListenOverflows", 0)
     result.drops = after.get("ListenDrops", 0) - before.get("ListenDrops", 0)
     # A group's last member arrived when the last of its bodies was written (the server cannot
@@ -258,6 +324,188 @@ async def burst(
     result.latencies = [
         done[i] - group_sent[group_of[i]] for i in done if group_of[i] in group_sent
     ]
+
+
+def expected_reward(slot: int) -> float:
+    """The bodies give slot k the quality 1 + k % 5; circular pairing with the fake judge makes
+    that the reward (CL-13)."""
+    return float(1 + slot % 5)
+
+
+def judge_calls(judge: Child) -> int:
+    """The fake judge's count of the calls it has served so far."""
+    base = judge.url.rstrip("/").removesuffix("/v1")
+    with urllib.request.urlopen(f"{base}/_fake/stats", timeout=30) as reply:
+        return int(json.loads(reply.read())["requests_total"])
+
+
+def redis_command_calls(redis: RedisServer) -> int:
+    """Commands Redis has run so far (INFO commandstats), the INFO call that reads them excluded."""
+    total = 0
+    for value in redis.info("commandstats").values():
+        fields = dict(part.split("=", 1) for part in value.split(","))
+        total += int(fields["calls"])
+    return total - 1
+
+
+def run_store(
+    judge: Child,
+    redis: RedisServer | None,
+    rollouts: int,
+    tokens: int,
+    *,
+    processes: int,
+    split: str,
+    tag: str,
+    replay: bool = False,
+) -> list[Result]:
+    """One step posted at once on fresh connections to `processes` servers on one store; with
+    `replay`, every server is then SIGKILLed, started again on the same store, and the whole step
+    posted again: each reply must be byte for byte the first one, with no judge call."""
+    store = "memory" if redis is None else "redis"
+    setup = f"{store} x{processes}" + (f" ({split})" if processes > 1 else "")
+    bodies = step_bodies(rollouts, tokens, f"{tag}-{store}-{processes}-{split}")
+    sets = []
+    if redis is not None:
+        sets = [f"group_store={redis.url}", f"group_store_key_prefix=burst.{tag}.{processes}."]
+    results = []
+    first: dict[int, bytes] | None = None
+    for label in ("", " replayed") if replay and redis is not None else ("",):
+        result = Result("fresh", rollouts, tokens, setup=setup + label)
+        servers = [start_server(judge.url, GROUP_SIZE, sets) for _ in range(processes)]
+        balancer = None
+        try:
+            if split == "balancer" and processes > 1:
+                backends = [
+                    a for server in servers for a in ("--backend", f"127.0.0.1:{server.port}")
+                ]
+                balancer = start_child(
+                    [sys.executable, "-m", "genrm_trio.testing.balancer", "--port", "0", *backends],
+                    "balancer listening on",
+                )
+            asyncio.run(
+                burst(
+                    servers[0],
+                    judge,
+                    bodies,
+                    keep_alive=False,
+                    result=result,
+                    others=servers[1:],
+                    redis=redis,
+                    front=balancer,
+                    keep_digests=replay,
+                )
+            )
+        finally:
+            if first is None and replay:
+                for child in servers:
+                    child.process.kill()  # SIGKILL: nothing is cleaned up
+            for child in (*servers, *([balancer] if balancer else [])):
+                child.stop()
+        if first is None:
+            first = result.digests
+            if result.judge_calls != rollouts:
+                result.errors[f"judge calls {result.judge_calls} for {rollouts} comparisons"] += 1
+        else:
+            differ = sum(1 for i, d in result.digests.items() if first.get(i) != d)
+            if differ:
+                result.errors["row not byte-identical to the first answer"] += differ
+            if result.judge_calls:
+                result.errors[f"judge calls {result.judge_calls} on replay"] += 1
+        results.append(result)
+    return results
+
+
+def process_children(pid: int) -> list[int]:
+    """Every child of `pid`, whichever of its threads started it."""
+    found: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as listing:
+            found += [int(child) for child in listing.read().split()]
+    return found
+
+
+def is_store_server(pid: int) -> bool:
+    # The executable, not the command line: Redis rewrites its process title.
+    return os.path.basename(os.readlink(f"/proc/{pid}/exe")) in ("redis-server", "valkey-server")
+
+
+def run_workers(judge: Child, rollouts: int, tokens: int, *, workers: int, tag: str) -> Result:
+    """One step posted at once on fresh connections to `serve --workers K` (its own store)."""
+    result = Result("fresh", rollouts, tokens, setup=f"--workers {workers}")
+    bodies = step_bodies(rollouts, tokens, f"{tag}-workers-{workers}")
+    server = start_server(judge.url, GROUP_SIZE, (), "--workers", str(workers))
+    try:
+        children = process_children(server.pid)
+        stores = [pid for pid in children if is_store_server(pid)]
+        workers_pids = [pid for pid in children if pid not in stores]
+        asyncio.run(
+            burst(
+                server,
+                judge,
+                bodies,
+                keep_alive=False,
+                result=result,
+                # One worker: the process itself serves. More: the parent only supervises.
+                process_pids=[server.pid, *workers_pids],
+                redis_pid=stores[0] if stores else None,
+            )
+        )
+        result.worker_peak_rss = max(
+            (peak_rss_bytes(pid) for pid in workers_pids), default=result.peak_rss
+        )
+    finally:
+        server.stop()
+    if result.judge_calls != rollouts:
+        result.errors[f"judge calls {result.judge_calls} for {rollouts} comparisons"] += 1
+    return result
+
+
+WORKER_HEADERS = [
+    "set-up",
+    "rollouts",
+    "tokens",
+    "200 rows",
+    "errors",
+    "/verify per s",
+    "vs --workers 1",
+    "p99 ms",
+    "server CPU ms per /verify",
+    "Redis CPU ms per /verify",
+    "judge calls",
+    "peak RSS per worker MiB",
+    "client CPU ms per /verify",
+]
+
+
+def worker_row(result: Result, baseline: Result) -> list[str]:
+    per = 1e3 / max(result.rollouts, 1)
+    return [
+        *compared_cells(result, baseline),
+        f"{result.judge_calls:,}",
+        mib(result.worker_peak_rss),
+        f"{result.client_cpu_s * per:.2f}",
+    ]
+
+
+def workers_runs(args: argparse.Namespace, runs: list[tuple[int, int]]) -> int:
+    """Each step against `serve --workers K` for each K, in the same run."""
+    judge = start_fake_judge()
+    rows: list[list[str]] = []
+    try:
+        for number, (rollouts, tokens) in enumerate(runs):
+            baseline: Result | None = None
+            for workers in args.workers:
+                result = run_workers(judge, rollouts, tokens, workers=workers, tag=f"r{number}")
+                baseline = baseline or result
+                rows.append(worker_row(result, baseline))
+                print(table(WORKER_HEADERS, [rows[-1]]).splitlines()[-1], flush=True)
+    finally:
+        judge.stop()
+    print()
+    print(table(WORKER_HEADERS, rows))
+    print(f"load average after the runs: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    return 0
 
 
 def run_one(
@@ -335,6 +583,86 @@ def parse_runs(texts: Sequence[str]) -> list[tuple[int, int]]:
     return runs
 
 
+STORE_HEADERS = [
+    "set-up",
+    "rollouts",
+    "tokens",
+    "200 rows",
+    "errors",
+    "/verify per s",
+    "vs memory",
+    "p99 ms",
+    "server CPU ms per /verify",
+    "Redis CPU ms per /verify",
+    "Redis commands per /verify",
+    "judge calls",
+    "peak RSS per server MiB",
+]
+
+
+def compared_cells(result: Result, baseline: Result) -> list[str]:
+    """The columns the store and worker tables share, the rate against `baseline`'s."""
+    errors = ", ".join(f"{kind}: {count}" for kind, count in result.errors.most_common()) or "0"
+    per = 1e3 / max(result.rollouts, 1)
+    return [
+        result.setup,
+        f"{result.rollouts:,}",
+        f"{result.tokens // 1024}k",
+        f"{result.ok:,}",
+        errors,
+        f"{result.rate:,.0f}",
+        f"{result.rate / baseline.rate:.2f}x" if baseline.rate > 0 else "-",
+        f"{percentile(result.latencies, 0.99) * 1e3:,.0f}",
+        f"{result.server_cpu_s * per:.2f}",
+        f"{result.redis_cpu_s * per:.2f}",
+    ]
+
+
+def store_row(result: Result, baseline: Result) -> list[str]:
+    return [
+        *compared_cells(result, baseline),
+        f"{result.redis_commands / max(result.rollouts, 1):.1f}",
+        f"{result.judge_calls:,}",
+        mib(result.peak_rss),
+    ]
+
+
+def store_runs(args: argparse.Namespace, runs: list[tuple[int, int]]) -> int:
+    """Each step on the memory store, then on K servers sharing one Redis, in the same run."""
+    judge = start_fake_judge()
+    redis = RedisServer(appendfsync=args.appendfsync)
+    redis.start()
+    print(f"Redis {redis.info('server').get('redis_version', '?')}, appendfsync {args.appendfsync}")
+    rows: list[list[str]] = []
+    try:
+        for number, (rollouts, tokens) in enumerate(runs):
+            (baseline,) = run_store(
+                judge, None, rollouts, tokens, processes=1, split="client", tag=f"r{number}"
+            )
+            rows.append(store_row(baseline, baseline))
+            print(table(STORE_HEADERS, [rows[-1]]).splitlines()[-1], flush=True)
+            for processes in args.processes:
+                for result in run_store(
+                    judge,
+                    redis,
+                    rollouts,
+                    tokens,
+                    processes=processes,
+                    split=args.split,
+                    tag=f"r{number}",
+                    replay=args.replay,
+                ):
+                    rows.append(store_row(result, baseline))
+                    print(table(STORE_HEADERS, [rows[-1]]).splitlines()[-1], flush=True)
+    finally:
+        judge.stop()
+        redis.close()
+    print()
+    print(table(STORE_HEADERS, rows))
+    print(f"load average after the runs: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_parser = parser(__doc__.splitlines()[0] if __doc__ else "")
     args_parser.add_argument(
@@ -349,6 +677,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="DIR",
         help="also run each fresh-connection burst against the server of another source tree",
     )
+    args_parser.add_argument(
+        "--group-store",
+        choices=("memory", "redis"),
+        default="memory",
+        help="redis: each step on the memory store and on K servers sharing one Redis",
+    )
+    args_parser.add_argument(
+        "--processes",
+        type=int,
+        nargs="+",
+        default=[1],
+        metavar="K",
+        help="server counts sharing the Redis store (with --group-store redis)",
+    )
+    args_parser.add_argument(
+        "--split",
+        choices=("client", "balancer"),
+        default="client",
+        help="how a group's members reach K servers: alternating by the client, or through "
+        "the round-robin TCP balancer",
+    )
+    args_parser.add_argument(
+        "--appendfsync", choices=("always", "everysec", "no"), default="everysec"
+    )
+    args_parser.add_argument(
+        "--replay",
+        action="store_true",
+        help="after each Redis step, SIGKILL the servers, start them again and post the whole "
+        "step again: every row must come back byte-identical with no judge call",
+    )
+    args_parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        metavar="K",
+        help="run each step against `serve --workers K` for each K (the first is the baseline)",
+    )
     args = args_parser.parse_args(argv)
     if aiohttp is None:
         print("bench_burst needs aiohttp: pip install -e '.[bench]'", file=sys.stderr)
@@ -357,6 +722,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     limit = raise_own_file_limit()
     print(machine_line())
     print(f"load generator: aiohttp {aiohttp.__version__}, open-file limit {limit}")
+    if args.group_store == "redis":
+        return store_runs(args, runs)
+    if args.workers:
+        return workers_runs(args, runs)
     judge = start_fake_judge()
     results: list[tuple[Result, Result]] = []
     baselines: list[Result] = []

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("genrm_trio")
 
+# How often a worker of `serve --workers` checks that its parent is still there.
+PARENT_POLL_S = 0.5
+
 
 def _parser() -> argparse.ArgumentParser:
     # The collector's own modules (and tqdm) load only when `collect` runs.
@@ -57,6 +60,11 @@ def _parser() -> argparse.ArgumentParser:
         help="override one configuration key (value parsed as YAML); repeatable",
     )
     serve.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    serve.add_argument(
+        "--workers",
+        type=int,
+        help="worker processes sharing the listening socket and the groups (key `workers`)",
+    )
 
     judge = commands.add_parser("fake-judge", help="serve the built-in fake judge")
     fake_judge_cli.add_arguments(judge)
@@ -103,17 +111,31 @@ def _serve_command(args: argparse.Namespace) -> int:
     sets = list(args.sets)
     if args.log_level:
         sets.append(f"log_level={args.log_level}")
+    if args.workers is not None:
+        sets.append(f"workers={args.workers}")
     try:
         config, notes = load_serve_config(args.config, sets, host=args.host, port=args.port)
     except ConfigError as exc:
         for line in exc.lines:
             print(line, file=sys.stderr)
         return 2
+    if config.workers > 1:
+        from genrm_trio.workers import run_workers
+
+        return run_workers(config, notes)
     return run_serve(config, notes)
 
 
-def run_serve(config: Config, notes: Sequence[str] = ()) -> int:
-    """Log the startup lines (``notes`` first) and serve until a signal; the exit status."""
+def run_serve(
+    config: Config,
+    notes: Sequence[str] = (),
+    *,
+    listen_fd: int | None = None,
+    parent_pid: int | None = None,
+) -> int:
+    """Log the startup lines (``notes`` first) and serve until a signal; the exit status.
+    ``listen_fd`` and ``parent_pid``: a worker of `serve --workers` serves the listening socket
+    its parent made and stops when that parent is gone."""
     configure_logging(config.log_level, config.log_format)
     for note in notes:
         log.info(note)
@@ -121,7 +143,7 @@ def run_serve(config: Config, notes: Sequence[str] = ()) -> int:
         log.info(line)
     failure: BaseException | None = None
     try:
-        trio.run(serve, config)
+        trio.run(serve, config, listen_fd, parent_pid)
     except* OSError as group:
         # Binding happens inside hypercorn's nursery, so the error arrives wrapped in a group.
         failure = group
@@ -169,10 +191,17 @@ def hypercorn_settings(config: Config, *, backlog: int | None = None) -> Hyperco
     return settings
 
 
-async def serve(config: Config) -> None:
+async def serve(
+    config: Config, listen_fd: int | None = None, parent_pid: int | None = None
+) -> None:
     """Serve until SIGINT/SIGTERM, then shut down gracefully (CL-4)."""
     from genrm_trio.http.app import create_app
-    from genrm_trio.http.serving import ConnectionGate, serve_app
+    from genrm_trio.http.serving import (
+        ACCEPT_BATCH,
+        WORKER_ACCEPT_BATCH,
+        ConnectionGate,
+        serve_app,
+    )
 
     tuning = tune_for_serving(config.listen_backlog, config.judge_max_concurrency)
     for line in tuning.lines:
@@ -181,11 +210,20 @@ async def serve(config: Config) -> None:
         log.warning(line)
     app = create_app(config)
     settings = hypercorn_settings(config, backlog=tuning.backlog)
+    if listen_fd is not None:
+        settings.bind = [f"fd://{listen_fd}"]
     gate = ConnectionGate(tuning.files.connections, tuning.files.soft, REJECTING_CONNECTIONS)
     prepare_collector()
     stop = trio.Event()
 
     async with trio.open_nursery() as nursery:
+
+        def begin_stopping() -> None:
+            # Fail waiting groups before hypercorn starts draining handlers, so waiting
+            # requests are answered at once instead of being cut off (C-98).
+            app.engine.begin_shutdown()
+            stop.set()
+            nursery.cancel_scope.deadline = trio.current_time() + config.shutdown_grace_s + 1.5
 
         async def watch_signals(
             task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
@@ -195,13 +233,15 @@ async def serve(config: Config) -> None:
                 async for _ in signals:
                     if stop.is_set():
                         os._exit(130)
-                    # Fail waiting groups before hypercorn starts draining handlers, so waiting
-                    # requests are answered at once instead of being cut off (C-98).
-                    app.engine.begin_shutdown()
-                    stop.set()
-                    nursery.cancel_scope.deadline = (
-                        trio.current_time() + config.shutdown_grace_s + 1.5
-                    )
+                    begin_stopping()
+
+        async def watch_parent(parent: int) -> None:
+            # A worker whose parent died (even by SIGKILL) drains as if told to stop.
+            while os.getppid() == parent:  # noqa: ASYNC110 (no event tells of a parent's end)
+                await trio.sleep(PARENT_POLL_S)
+            if not stop.is_set():
+                log.warning("the parent process %d is gone; shutting down", parent)
+                begin_stopping()
 
         async def run_server(task_status: trio.TaskStatus[list[str]]) -> None:
             await serve_app(
@@ -209,11 +249,14 @@ async def serve(config: Config) -> None:
                 settings,
                 gate,
                 shutdown_trigger=stop.wait,
+                accept_batch=ACCEPT_BATCH if listen_fd is None else WORKER_ACCEPT_BATCH,
                 task_status=task_status,
             )
             nursery.cancel_scope.cancel()
 
         await nursery.start(watch_signals)
+        if parent_pid is not None:
+            nursery.start_soon(watch_parent, parent_pid)
         binds = await nursery.start(run_server)
         print(f"genrm-trio listening on {binds[0]}", flush=True)
     log.info("genrm-trio stopped")

@@ -32,7 +32,6 @@ GYM_RUNNER_KEYS = frozenset(
         "entrypoint",
         "name",
         "domain",
-        "num_workers",
         "datasets",
         "expose_tools_over_mcp",
         "description",
@@ -235,6 +234,9 @@ def translate(document: Mapping[Any, Any], instance: str | None = None) -> GymTr
         path = f"{name}.{RESOURCES_SERVERS}.{server_type}.{key}"
         if key in GYM_RUNNER_KEYS:
             translation.ignored.append(str(key))
+        elif key == "num_workers":
+            # Gym's uvicorn workers; here they share their groups through the group store.
+            translation.values["workers"] = _resolve(value, document, path)
         elif key == MODEL_SERVER_REF:
             model_server, base_url, model = _model_server_address(document, value, path)
             translation.model_server = model_server

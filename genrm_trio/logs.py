@@ -28,6 +28,16 @@ LEVELS = {
 LOG_FIELDS = ("group_key", "group_attempt", "slot", "pair", "judge_pass", "attempt", "replica")
 
 
+# The index of this process among `serve --workers N`'s workers, or None in a single process.
+_worker: int | None = None
+
+
+def set_worker(index: int | None) -> None:
+    """Tag every later log line with the worker that wrote it (`serve --workers N`)."""
+    global _worker
+    _worker = index
+
+
 def _stamp(record: logging.LogRecord) -> str:
     moment = datetime.datetime.fromtimestamp(record.created, tz=datetime.UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
@@ -41,6 +51,8 @@ class LogLineFormatter(logging.Formatter):
         # Messages carry judge texts and client-supplied keys; escaping line breaks keeps
         # one record on one line so log scrapers never mistake a fragment for a record.
         message = record.getMessage().replace("\r", "\\r").replace("\n", "\\n")
+        if _worker is not None:
+            message = f"[worker {_worker}] {message}"
         line = f"{stamp} {record.levelname} {LOGGER_NAME} {message}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
@@ -61,6 +73,8 @@ class JsonLineFormatter(logging.Formatter):
             "logger": LOGGER_NAME,
             "message": record.getMessage(),
         }
+        if _worker is not None:
+            line["worker"] = _worker
         for name in LOG_FIELDS:
             value = record.__dict__.get(name)
             if value is not None:

@@ -632,6 +632,19 @@ def test_equal_deadlines_and_defaults_give_no_warning() -> None:
     assert config_warnings(equal) == []
 
 
+def test_a_group_mean_placeholder_without_groups_is_warned_about() -> None:
+    # CF-14
+    group_mean = {**REQUIRED, "masked_reward_placeholder": "group_mean"}
+    single = config_from_mapping({**group_mean, "num_rollouts_per_prompt": 1})
+    assert config_warnings(single) == [
+        "masked_reward_placeholder: group_mean has no effect in single-rollout mode: no row is "
+        "ever masked there"
+    ]
+    assert config_warnings(config_from_mapping(group_mean)) == []
+    baseline = {"num_rollouts_per_prompt": 1, "comparison_strategy": "fixed_baseline"}
+    assert config_warnings(config_from_mapping({**group_mean, **baseline})) == []
+
+
 # --- J-35, I-14: the API key ----------------------------------------------------------------
 
 

@@ -25,6 +25,7 @@ from genrm_trio.config.schema import (
     Config,
     JudgeApi,
     LogLevel,
+    MaskedRewardPlaceholder,
     Strategy,
 )
 
@@ -39,6 +40,7 @@ __all__ = [
     "ConfigError",
     "JudgeApi",
     "LogLevel",
+    "MaskedRewardPlaceholder",
     "Strategy",
     "config_from_mapping",
     "config_warnings",

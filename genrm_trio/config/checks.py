@@ -16,11 +16,13 @@ import msgspec
 
 from genrm_trio.config.schema import (
     SAMPLING_KEY,
+    AppendFsync,
     Config,
     JudgeApi,
     JudgeBalance,
     LogFormat,
     LogLevel,
+    MaskedRewardPlaceholder,
     Strategy,
 )
 
@@ -351,6 +353,7 @@ _CHECKS: dict[str, _Check] = {
     "group_style_penalty_coeff": _number(at_least=0),
     "default_score": _number(),
     "default_ranking": _number(),
+    "masked_reward_placeholder": _choice(MaskedRewardPlaceholder),
     "max_body_bytes": _integer(1024),
     "waiting_body_memory_bytes": _nullable_integer(0),
     "spool_dir": _nullable_path,
@@ -364,6 +367,8 @@ _CHECKS: dict[str, _Check] = {
     "group_store_key_prefix": _non_empty_text,
     "group_store_lease_s": _number(above=0),
     "group_store_poll_s": _number(above=0),
+    "workers": _integer(1),
+    "embedded_store_appendfsync": _choice(AppendFsync),
 }
 
 CONFIG_KEYS: tuple[str, ...] = tuple(_CHECKS)

@@ -221,6 +221,11 @@ def config_warnings(config: Config) -> list[str]:
             "early_judging has no effect with a shared group_store: a group's comparisons "
             "start when its last member is stored"
         )
+    if config.masked_reward_placeholder != "zero" and not config.group_mode:
+        warnings.append(
+            f"masked_reward_placeholder: {config.masked_reward_placeholder} has no effect in "
+            "single-rollout mode: no row is ever masked there"
+        )
     if config.judge_request_timeout_s > config.cohort_evaluation_timeout_s:
         warnings.append(
             f"judge_request_timeout_s ({format_seconds(config.judge_request_timeout_s)}) is "

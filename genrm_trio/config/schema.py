@@ -30,6 +30,8 @@ Strategy = Literal["circular", "all_pairs", "fixed_baseline"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 LogFormat = Literal["text", "json"]
 JudgeBalance = Literal["affinity", "least_outstanding"]
+MaskedRewardPlaceholder = Literal["zero", "group_mean"]
+AppendFsync = Literal["everysec", "always"]
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,6 +75,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     group_style_penalty_coeff: float = 0.0
     default_score: float = 3.0
     default_ranking: float = 3.5
+    # What a masked row's `reward` holds (W-33): 0.0, or the mean of its group's scored rewards
+    # so that a trainer counting the row in its group mean is not moved by it.
+    masked_reward_placeholder: MaskedRewardPlaceholder = "zero"
     max_body_bytes: int = 67108864
     # Bodies of requests in flight kept in memory; beyond it they wait in files in spool_dir
     # (None: no budget, every body stays in memory).
@@ -90,6 +95,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     group_store_key_prefix: str = "genrm:"  # lets several deployments share one database
     group_store_lease_s: float = 30.0  # an evaluation owner's lease, renewed every third
     group_store_poll_s: float = 1.0  # sweeps: deadlines, expired leases, missed wake-ups
+    # Worker processes of `serve`; with more than one and `group_store: memory`, the parent
+    # starts a Redis/Valkey server of its own for them, whose append-only file syncs this way.
+    workers: int = 1
+    embedded_store_appendfsync: AppendFsync = "everysec"
 
     @property
     def group_mode(self) -> bool:

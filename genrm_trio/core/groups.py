@@ -37,7 +37,7 @@ from genrm_trio.core.critical import critical_section
 from genrm_trio.core.identity import ResponseIdentity, same_response
 from genrm_trio.core.pairs import Comparison, plan_comparisons
 from genrm_trio.core.retention import AgedIndex
-from genrm_trio.core.scoring import masked_slots, score_group
+from genrm_trio.core.scoring import masked_reward_placeholder, masked_slots, score_group
 from genrm_trio.core.verdicts import Verdict
 
 
@@ -68,6 +68,9 @@ class Scored(NamedTuple):
 class Masked(NamedTuple):
     text: str
     suffix: str = ""  # the legacy migration suffix, never cut when the text is bounded
+    # The row's `reward` (W-33): never a measurement. Decided once when the group's outcome
+    # is computed and kept with it, so a replay answers the same bytes.
+    placeholder: float = 0.0
 
 
 class Rejected(NamedTuple):
@@ -629,6 +632,9 @@ class GroupRegistry:
                 self.config,
             )
             self._check_publishable(record, score.rewards, masked, score.metrics)
+            placeholder = masked_reward_placeholder(
+                self.config.masked_reward_placeholder, score.rewards.values()
+            )
             metrics = {
                 "genrm_failed_comparison_rate_per_group": len(failed) / total,
                 "genrm_masked_rollout_rate_per_group": len(masked) / record.size,
@@ -643,7 +649,8 @@ class GroupRegistry:
                         index for index in failed if slot in (plan[index].first, plan[index].second)
                     )
                     outcomes[slot] = Masked(
-                        messages.rollout_masked(slot, len(failed), total, failed[first_failure])
+                        messages.rollout_masked(slot, len(failed), total, failed[first_failure]),
+                        placeholder=placeholder,
                     )
                 else:
                     outcomes[slot] = Scored(score.rewards[slot], metrics)
@@ -796,7 +803,11 @@ class GroupRegistry:
             del self.explicit[gid]
 
     def failure_outcome(self, record: Record) -> Outcome:
-        """C-86: kind judge answers masked rows, kind cohort answers 503; legacy adds the suffix."""
+        """C-86: kind judge answers masked rows, kind cohort answers 503; legacy adds the suffix.
+
+        A failed group has no scored reward to take a mean of, so its masked rows carry the
+        placeholder 0.0 whatever ``masked_reward_placeholder`` says (W-33).
+        """
         failure = record.failure
         assert failure is not None
         suffix = messages.MIGRATION_SUFFIX if record.legacy else ""

@@ -1,19 +1,26 @@
 """One group's rewards from its comparisons' verdicts, shared by `/verify` and `/compare`
-(S-30…S-34, S-50, S-51, M-2).
+(S-30…S-34, S-50, S-51, M-2), and the reward placeholder its masked rows carry (W-33).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple
 
-from genrm_trio.config import Config
+from genrm_trio.config import Config, MaskedRewardPlaceholder
 from genrm_trio.core.adjustments import adjust_scores
 from genrm_trio.core.aggregation import GroupMetrics, aggregate
 from genrm_trio.core.pairs import Comparison
 from genrm_trio.core.verdicts import Verdict, mapped_back
 
-__all__ = ["GroupScore", "masked_slots", "oriented_results", "score_group"]
+__all__ = [
+    "GroupScore",
+    "masked_reward_placeholder",
+    "masked_slots",
+    "oriented_results",
+    "score_group",
+]
 
 
 class GroupScore(NamedTuple):
@@ -82,3 +89,20 @@ def masked_slots(plan: Sequence[Comparison], failed: Collection[int], n: int) ->
         if comparison.index in failed:
             masked.update(slot for slot in comparison.pair if slot < n)
     return masked
+
+
+def masked_reward_placeholder(policy: MaskedRewardPlaceholder, rewards: Collection[float]) -> float:
+    """The `reward` every masked row of a group carries (W-33), decided once at publication.
+
+    `rewards` are the group's final scored rewards (after adjustments). ``zero`` gives 0.0;
+    ``group_mean`` gives their mean, so a trainer that counts the masked rows in its group mean
+    gets the mean of the scored rows. With no scored reward (every rollout masked) it is 0.0.
+    """
+    if policy == "zero" or not rewards:
+        return 0.0
+    count = len(rewards)
+    try:
+        return math.fsum(rewards) / count
+    except OverflowError:
+        # Finite rewards whose sum overflows: their shares cannot, and they sum to the mean.
+        return math.fsum(reward / count for reward in rewards)

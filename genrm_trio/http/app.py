@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, cast
@@ -34,7 +35,12 @@ from genrm_trio.http.bodies import BadRequest, EchoValue, FileSpan, VerifyReques
 from genrm_trio.http.gym_endpoints import register_gym_routes
 from genrm_trio.http.openapi import openapi_json
 from genrm_trio.http.parsing import body_too_large, parse_compare_body, parse_verify_body
-from genrm_trio.http.prometheus import CONTENT_TYPE, metrics_registry, render_metrics
+from genrm_trio.http.prometheus import (
+    CONTENT_TYPE,
+    EngineCollector,
+    metrics_registry,
+    render_metrics,
+)
 from genrm_trio.http.rendering import (
     bound_failure_text,
     error_body,
@@ -44,6 +50,7 @@ from genrm_trio.http.rendering import (
     scored_row_parts,
 )
 from genrm_trio.http.spool import Spool, SpoolBudget, SpoolError, SpoolFile, spool_failed
+from genrm_trio.http.worker_metrics import WorkerMetrics, worker_settings
 from genrm_trio.judge.transport import TransportFactory
 from genrm_trio.runtime.compare import CompareUnavailable, run_compare
 from genrm_trio.runtime.engine import Engine
@@ -117,7 +124,7 @@ def _render_parts(request: VerifyRequest, outcome: Outcome) -> tuple[int, list[E
         return 200, scored_row_parts(request, outcome.reward, outcome.metrics)
     if isinstance(outcome, Masked):
         text = bound_failure_text(outcome.text, outcome.suffix)
-        return 200, masked_row_parts(request, text)
+        return 200, masked_row_parts(request, text, outcome.placeholder)
     return outcome.status, [error_body(outcome.detail)]
 
 
@@ -216,6 +223,11 @@ def create_app(
     openapi_bytes = openapi_json(__version__)
     metrics = engine.metrics
     prometheus = metrics_registry(engine, spool, budget)
+    # One of `serve --workers N`'s workers: /metrics and /healthz speak for the whole server.
+    worker = worker_settings(os.environ)
+    worker_metrics = (
+        None if worker is None else WorkerMetrics(worker, EngineCollector(engine, spool, budget))
+    )
     for warning in config_warnings(config):
         log.warning(warning)
 
@@ -224,11 +236,15 @@ def create_app(
         if config.waiting_body_memory_bytes is not None:
             spool.prepare()
         await app.nursery.start(engine.run)
+        if worker_metrics is not None:
+            await app.nursery.start(worker_metrics.run)
 
     @app.after_serving
     async def stop_engine() -> None:
         await engine.shutdown()
         spool.close()
+        if worker_metrics is not None:
+            worker_metrics.retire()
 
     async def read_body() -> bytes:
         if request.content_length is not None and request.content_length > config.max_body_bytes:
@@ -394,18 +410,24 @@ def create_app(
 
     register_gym_routes(app, read_body, engine.registry.masked_rollouts)
 
+    def health(status: str) -> bytes:
+        workers = None if worker_metrics is None else worker_metrics.health()
+        return render_healthz(status, engine.health(), engine.store_status(), workers)
+
     @app.get("/healthz")
     async def healthz() -> Response:
         if engine.closed:
-            return _reply(
-                503, render_healthz("shutting_down", engine.health(), engine.store_status())
-            )
+            return _reply(503, health("shutting_down"))
         await engine.refresh_health()
-        return _reply(200, render_healthz("ok", engine.health(), engine.store_status()))
+        return _reply(200, health("ok"))
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
-        return Response(render_metrics(prometheus), status=200, content_type=CONTENT_TYPE)
+        if worker_metrics is None:
+            body = render_metrics(prometheus)
+        else:
+            body = await worker_metrics.render()
+        return Response(body, status=200, content_type=CONTENT_TYPE)
 
     @app.get("/openapi.json")
     async def openapi() -> Response:

@@ -3,7 +3,8 @@
 One ``CollectorRegistry`` per app, so several servers in one process never share a series. The
 collector reads the engine's plain numbers (core/server_metrics.py, the group registry, the
 judge balancer, the spool) only when scraped; prometheus_client writes the exposition. No
-series has a group-id label.
+series has a group-id label. Under `serve --workers N` each worker copies this collector's output
+into prometheus_client's multiprocess files instead (http/worker_metrics.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ from genrm_trio.core.server_metrics import Histogram
 from genrm_trio.http.spool import Spool, SpoolBudget
 from genrm_trio.runtime.engine import Engine
 
-__all__ = ["CONTENT_TYPE", "VERIFY_OUTCOMES", "metrics_registry", "render_metrics"]
+__all__ = [
+    "CONTENT_TYPE",
+    "VERIFY_OUTCOMES",
+    "EngineCollector",
+    "metrics_registry",
+    "render_metrics",
+]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

@@ -25,6 +25,7 @@ _MASK_MEMBER: Final = b'"mask_sample":true'
 _MASKED_INSTANCE_CONFIG: Final = b'{"mask_sample":true}'
 _INSTANCE_CONFIG_KEY: Final = b'"instance_config"'
 _SCORED_TAIL: Final = b',"mask_sample":false,"failure_kind":null,"failure_reason":null'
+_MASKED_FLAGS: Final = b',"mask_sample":true,"failure_kind":"judge_failed","failure_reason":'
 _METRIC_KEY_JSON: Final = {key: b"," + canonical_json(key) + b":" for key in METRIC_KEYS}
 _ENCODER: Final = msgspec.json.Encoder()
 
@@ -52,9 +53,9 @@ def scored_row_parts(
     return parts
 
 
-def render_masked_row(req: VerifyRequest, failure_text: str) -> bytes:
-    """W-30…W-32: the masked row (see ``masked_row_parts``)."""
-    return b"".join(_in_memory(masked_row_parts(req, failure_text)))
+def render_masked_row(req: VerifyRequest, failure_text: str, placeholder: float = 0.0) -> bytes:
+    """W-30…W-33: the masked row (see ``masked_row_parts``)."""
+    return b"".join(_in_memory(masked_row_parts(req, failure_text, placeholder)))
 
 
 def _in_memory(parts: list[EchoValue]) -> list[bytes | memoryview]:
@@ -63,9 +64,12 @@ def _in_memory(parts: list[EchoValue]) -> list[bytes | memoryview]:
     return cast(list[bytes | memoryview], parts)
 
 
-def masked_row_parts(req: VerifyRequest, failure_text: str) -> list[EchoValue]:
-    """W-30…W-32: the echo with ``instance_config`` masked and ``principle`` and ``prompt_id``
-    named (null when the request left them out), then the masked flags and text.
+def masked_row_parts(
+    req: VerifyRequest, failure_text: str, placeholder: float = 0.0
+) -> list[EchoValue]:
+    """W-30…W-33: the echo with ``instance_config`` masked and ``principle`` and ``prompt_id``
+    named (null when the request left them out), then the reward placeholder, the masked flags
+    and the text.
 
     An ``instance_config`` the request lacked goes after the echoed request keys and before the
     coordinates the request lacked. The text is cut to 2000 code points if longer; callers that
@@ -82,7 +86,9 @@ def masked_row_parts(req: VerifyRequest, failure_text: str) -> list[EchoValue]:
     members.extend(echo.masked_only)
     text = _json_string(failure_text[:FAILURE_TEXT_MAX_CODE_POINTS])
     parts = _echo_parts(members)
-    parts.append(b'"reward":0.0,"mask_sample":true,"failure_kind":"judge_failed","failure_reason":')
+    parts.append(b'"reward":')
+    parts.append(_number(placeholder))
+    parts.append(_MASKED_FLAGS)
     parts.append(text)
     parts.append(b',"_ng_failure_class":"judge_failed","_ng_failure_judge_error":')
     parts.append(text)
@@ -136,13 +142,17 @@ def render_compare_reply(
 
 
 def render_healthz(
-    status: str, counts: Mapping[str, int], store: tuple[str, bool] = ("memory", True)
+    status: str,
+    counts: Mapping[str, int],
+    store: tuple[str, bool] = ("memory", True),
+    workers: Mapping[str, int] | None = None,
 ) -> bytes:
     """W-50: the status, the four state counts, the count of resent legacy groups, the judge
-    attempts started so far, and the group store (X-4)."""
+    attempts started so far, and the group store (X-4); under `serve --workers N`, after them,
+    `workers` (`worker`, `workers_up`, `workers`: this worker's index, the live workers, N)."""
     if status not in ("ok", "shutting_down"):
         raise ValueError(f"unknown health status {status!r}")
-    return _ENCODER.encode(
+    body = _ENCODER.encode(
         Healthz(
             status=status,  # type: ignore[arg-type]
             active_groups=counts["active_groups"],
@@ -155,6 +165,12 @@ def render_healthz(
             group_store_available=store[1],
         )
     )
+    if workers is None:
+        return body
+    extra = b"".join(
+        b',"%s":%d' % (name.encode(), workers[name]) for name in ("worker", "workers_up", "workers")
+    )
+    return body[:-1] + extra + b"}"
 
 
 def _echo_parts(members: list[tuple[bytes | memoryview, EchoValue]]) -> list[EchoValue]:

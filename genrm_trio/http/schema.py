@@ -103,7 +103,15 @@ class MaskedRow(msgspec.Struct, frozen=True, kw_only=True):
     ng_task_index: Int64 | None = msgspec.field(name="_ng_task_index")
     principle: str | None
     prompt_id: str | None
-    reward: Annotated[float, Meta(description="Always 0.0, a placeholder.")]
+    reward: Annotated[
+        float,
+        Meta(
+            description=(
+                "A placeholder, never a measurement: 0.0, or with masked_reward_placeholder "
+                "group_mean the mean of the group's scored rewards (0.0 when none was scored)."
+            )
+        ),
+    ]
     mask_sample: Literal[True]
     failure_kind: Literal["judge_failed"]
     failure_reason: FailureText

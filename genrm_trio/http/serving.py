@@ -41,6 +41,11 @@ log = logging.getLogger("genrm_trio")
 # the default backlog whole (accepting one costs tens of microseconds). With 256, one of two
 # bursts of 8,192 in bench_burst.py saw 8 listen-queue overflows; with 4,096, none in two.
 ACCEPT_BATCH = 4096
+# A worker of `serve --workers` shares its listening socket with the others, and every one of
+# them is woken for each new connection: taking a whole burst in one wake-up would leave the
+# others idle while it parses every body. In small batches, whichever worker comes back to its
+# accept loop first (the least busy one) takes the next connections.
+WORKER_ACCEPT_BATCH = 16
 # accept(2) errors meaning the process or the system is out of descriptors or memory: waiting is
 # the only remedy, and the connection stays in the listen queue meanwhile.
 OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
@@ -164,6 +169,7 @@ async def _accept_loop(
     gate: ConnectionGate,
     handle: Callable[[trio.SocketStream], Awaitable[None]],
     handlers: trio.Nursery,
+    batch: int = ACCEPT_BATCH,
 ) -> None:
     sock.setblocking(False)
     try:
@@ -171,7 +177,7 @@ async def _accept_loop(
             while not gate.can_accept:
                 await gate.room.wait()
             await trio.lowlevel.wait_readable(sock)
-            for _ in range(ACCEPT_BATCH):
+            for _ in range(batch):
                 if not gate.can_accept:
                     break
                 try:
@@ -203,6 +209,7 @@ async def serve_app(
     gate: ConnectionGate,
     *,
     shutdown_trigger: Callable[[], Awaitable[Any]],
+    accept_batch: int = ACCEPT_BATCH,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `app` on `settings.bind` until `shutdown_trigger` returns, as hypercorn's trio
@@ -238,7 +245,7 @@ async def serve_app(
                     nursery.start_soon(raise_shutdown, shutdown_trigger)
                     nursery.start_soon(raise_shutdown, context.terminate.wait)
                     for sock in sockets:
-                        nursery.start_soon(_accept_loop, sock, gate, handle, handlers)
+                        nursery.start_soon(_accept_loop, sock, gate, handle, handlers, accept_batch)
             except BaseExceptionGroup as error:
                 _, others = error.split((ShutdownError, KeyboardInterrupt))
                 if others is not None:

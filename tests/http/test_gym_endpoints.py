@@ -27,10 +27,10 @@ def scored(task: int, reward: float) -> dict[str, object]:
     return {"_ng_task_index": task, "reward": reward, "mask_sample": False, "failure_kind": None}
 
 
-def masked(task: int) -> dict[str, object]:
+def masked(task: int, placeholder: float = 0.0) -> dict[str, object]:
     return {
         "_ng_task_index": task,
-        "reward": 0.0,
+        "reward": placeholder,
         "mask_sample": True,
         "failure_kind": "judge_failed",
         "_ng_failure_class": "judge_failed",
@@ -66,6 +66,14 @@ def test_metrics_cover_scored_rows_only_and_count_failures_by_class() -> None:
     assert tasks[0]["mean/reward"] == 3.0 and tasks[0]["mask_rate"] == 1 / 3
     assert tasks[0]["num_rollouts"] == tasks[0]["expected_num_rollouts"] == 2
     assert tasks[1]["mean/reward"] == 3.0 and tasks[1]["failures/judge_failed"] == 2
+
+
+def test_a_group_mean_placeholder_never_enters_the_reward_statistics() -> None:
+    rows = [scored(0, 4.0), scored(0, 2.0), masked(0, 3.0), masked(0, 3.0)]
+    overall = aggregate_metrics(rows).agent_metrics
+    assert (overall["scored"], overall["failed"]) == (2, 2)
+    # Counted, the two 3.0 placeholders would shrink the spread (Gym's sample deviation).
+    assert math.isclose(overall["std/reward"], math.sqrt(2)) and overall["mean/reward"] == 3.0
 
 
 def test_the_counts_carry_the_shared_failure_classes() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import trio
 
-from genrm_trio.testing.fake_judge import FakeJudge
-from genrm_trio.testing.harness import member, running_server
+from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
+from genrm_trio.testing.harness import Reply, Server, member, running_server
 from genrm_trio.testing.redis_server import RedisServer
 
 
@@ -96,3 +96,42 @@ async def test_a_legacy_resend_is_answered_at_once_by_another_process(
         assert "its group completed" in again.body["failure_reason"]
         assert judge.stats()["requests_total"] == 2
         assert (await b.get("/healthz")).body["active_groups"] == 0
+
+
+async def test_group_mean_placeholders_replay_the_same_bytes_from_the_store(
+    shared_redis_server: RedisServer,
+) -> None:
+    # AS-174. N = 4, pair (1, 2) fails: rows 1 and 2 masked, rows 0 and 3 scored 4.0 and 1.0.
+    judge = FakeJudge(rules=[pair_rule(1, 2, "http_status", status=400)])
+    settings = {
+        "group_store": shared_redis_server.url,
+        "group_store_poll_s": 0.05,
+        "num_rollouts_per_prompt": 4,
+    }
+    bodies = [member(i, q, g="placeholders") for i, q in enumerate([4, 2, 3, 1])]
+    group_mean = {**settings, "masked_reward_placeholder": "group_mean"}
+    async with (
+        running_server(group_mean, judge=judge) as a,
+        running_server(group_mean, judge=judge) as b,
+    ):
+        first: dict[int, Reply] = {}
+
+        async def send(server: Server, slot: int) -> None:
+            first[slot] = await server.verify(bodies[slot])
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for slot in range(4):
+                    nursery.start_soon(send, (a, b)[slot % 2], slot)
+        assert [first[i].masked for i in range(4)] == [False, True, True, False]
+        assert [first[i].reward for i in range(4)] == [4.0, 2.5, 2.5, 1.0]
+        calls = judge.stats()["requests_total"]
+        for server in (a, b):
+            assert [(await server.verify(body)).raw for body in bodies] == [
+                first[i].raw for i in range(4)
+            ]
+    # A process that never saw the group, configured with zero, answers the stored placeholder:
+    # it was decided once, when the outcome was computed.
+    async with running_server({**settings, "masked_reward_placeholder": "zero"}, judge=judge) as c:
+        assert [(await c.verify(body)).raw for body in bodies] == [first[i].raw for i in range(4)]
+    assert judge.stats()["requests_total"] == calls

@@ -9,8 +9,11 @@ from genrm_trio.config import Config
 from genrm_trio.core.groups import (
     Arrival,
     GroupInputs,
+    Masked,
+    Member,
     MemberTexts,
     Phase,
+    Record,
     Scored,
     Wait,
     Watermark,
@@ -180,6 +183,48 @@ def test_publication_writes_the_outcome_key_and_the_notification() -> None:
     assert ["ZADD", "p:idle", 1003.0, "g"] in writes
     # The finished record no longer needs the original bytes: a replay compares digests.
     assert done.members[0].fingerprint.settled  # type: ignore[union-attr]
+
+
+def _finished_record(placeholder: float) -> Record:
+    record = Record("k", "g", 0, "digest", None, 2, 1.0, phase=Phase.COMPLETED)
+    fingerprint = ResponseIdentity.settled_from(b"d" * 32, b"c" * 32)
+    record.members[0] = Member(0, fingerprint, None, [], Scored(4.0, {"m": 1.0}))
+    record.members[1] = Member(1, fingerprint, None, [], Masked("lost", "", placeholder))
+    record.terminal_time = 2.0
+    record.handle = StoreMeta("rid", 31.0)
+    return record
+
+
+def test_a_masked_slot_keeps_its_reward_placeholder_through_the_codec() -> None:
+    done = decode_record(encode_record(_finished_record(2.5)))
+    assert done.members[1].outcome == Masked("lost", "", 2.5)
+    assert done.members[0].outcome == Scored(4.0, {"m": 1.0})
+
+
+# A finished record (slot 0 scored 4.0, slot 1 masked) as the codec wrote it before a masked
+# slot's reward placeholder could be anything but 0.0.
+_OLD_RECORD = (
+    b"\xdc\x00\x14\xa3rid\xa1k\xa1g\x00\xa6digest\xc0\x02\xcb?\xf0\x00\x00\x00\x00\x00\x00"
+    b"\xa9completed\xcb@?\x00\x00\x00\x00\x00\x00\x92\x95\x00\xc4 "
+    + b"d" * 32
+    + b"\xc4 "
+    + b"c" * 32
+    + b"\xc0\x94\xc2\xcb@\x10\x00\x00\x00\x00\x00\x00\xa0\xa0\x95\x01\xc4 "
+    + b"d" * 32
+    + b"\xc4 "
+    + b"c" * 32
+    + b"\xc0\x94\xc3\xcb\x00\x00\x00\x00\x00\x00\x00\x00"
+    b"\xa4lost\xa0\xc0\xc0\xc0\xcb@\x00\x00\x00\x00\x00\x00\x00\xc2\x00\xc0\xc0\x81\xa1m"
+    b"\xcb?\xf0\x00\x00\x00\x00\x00\x00"
+)
+
+
+def test_a_record_written_before_placeholders_decodes_with_zero() -> None:
+    done = decode_record(_OLD_RECORD)
+    assert done.members[1].outcome == Masked("lost", "", 0.0)
+    assert done.members[0].outcome == Scored(4.0, {"m": 1.0})
+    # The default placeholder writes the same bytes: stores shared with older servers agree.
+    assert encode_record(_finished_record(0.0)) == _OLD_RECORD
 
 
 def test_commands_are_framed_as_resp_arrays() -> None:
