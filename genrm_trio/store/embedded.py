@@ -124,8 +124,7 @@ class EmbeddedStore:
         while not self._answers_ping():
             if self.process.poll() is not None:
                 raise RuntimeError(
-                    f"{self.binary} exited with status {self.process.returncode}: "
-                    f"{self.log_tail()}"
+                    f"{self.binary} exited with status {self.process.returncode}: {self.log_tail()}"
                 )
             if time.monotonic() > limit:
                 self.stop()
