@@ -1,9 +1,10 @@
 """NeMo Gym's own pipeline around genrm-trio: the real nemo-gym 0.7.0, its runner, simple_agent,
 openai_model and collector, with genrm-trio's fake policy and fake judge.
 
-A Gym virtual environment is made once per Python and Gym version under the test environment's
-prefix (`<venv>/nemo-gym/0.7.0-py3.X`), with nemo-gym (installed with `--ignore-requires-python`,
-as Gym 0.7.0 asks for a newer 3.13 patch release than this machine may have) and this checkout.
+A Gym virtual environment is made once per Gym version, Python and pyproject.toml under the
+test environment's prefix (`<venv>/nemo-gym/0.7.0-py3.X-<hash>`), with nemo-gym (installed with
+`--ignore-requires-python`, as Gym 0.7.0 asks for a newer 3.13 patch release than this machine
+may have) and this checkout.
 Gym's runner (`gym env start`) then starts every server of the shipped
 `resources_servers/genrm_trio/configs/genrm_trio.yaml` from prepared server venvs (links to that
 one environment, with `skip_venv_if_present`), and `gym eval run --no-serve` collects 8 tasks x 4
@@ -19,6 +20,7 @@ skipped, saying so.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -124,7 +126,9 @@ def gym_venv() -> Path:
         text=True,
         check=True,
     ).stdout.strip()
-    venv = Path(sys.prefix) / "nemo-gym" / f"{GYM_VERSION}-py{minor}"
+    # Keyed by what is installed: Gym's version, the Python, and genrm-trio's dependencies.
+    project = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:12]
+    venv = Path(sys.prefix) / "nemo-gym" / f"{GYM_VERSION}-py{minor}-{project}"
     ready = venv / ".genrm-trio-ready"
     if ready.exists():
         return venv
