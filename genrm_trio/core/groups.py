@@ -224,8 +224,6 @@ class Record:
     handle: Any = None  # the runtime's per-group task handle; opaque here
     # Opened by a row whose legacy key had already completed, and still collecting (§5.14).
     legacy_resend: bool = False
-    # The task index of a legacy group's rows, which is how /aggregate_metrics finds it.
-    task_index: int | None = None
 
     @property
     def legacy(self) -> bool:
@@ -272,6 +270,17 @@ def rows_group(group_id: str | None, attempt: int, task_index: int | None) -> Ro
 def _fields(record: Record) -> dict[str, Any]:
     """The fields a structured log record about this group carries (X-6)."""
     return {"group_key": messages.log_key(record.key), "group_attempt": record.attempt}
+
+
+def _legacy_task_index(record: Record) -> int | None:
+    """The task index a legacy group's key was made from (C-1), if any; read from the key so
+    that stored records need no field of their own for it."""
+    if record.group_id is not None:
+        return None
+    prefix, _, rest = (record.legacy_key or record.key).partition("::")
+    if prefix != "task_idx":
+        return None
+    return int(rest.partition("::")[0])
 
 
 def group_key(
@@ -358,7 +367,6 @@ class GroupRegistry:
         if record is None:
             record = self._new_record(key, None, arrival.attempt, arrival.digest, now)
             record.legacy_key = key
-            record.task_index = arrival.task_index
             self.legacy[key] = record
             completed_at = self.completed_legacy.stamped(key)
             if completed_at is not None:
@@ -748,7 +756,7 @@ class GroupRegistry:
         self.rollouts_masked += masked
 
     def _note_masked(self, record: Record, slots: list[int], now: float) -> None:
-        group = rows_group(record.group_id, record.attempt, record.task_index)
+        group = rows_group(record.group_id, record.attempt, _legacy_task_index(record))
         if slots and group is not None:
             self.masked_answers.stamp(group, frozenset(slots), now)
 

@@ -87,7 +87,6 @@ class _Record(msgspec.Struct, array_like=True, omit_defaults=True):
     evaluation_due: float | None = None
     # The group metrics, the same on every scored row (W-35), kept once per record.
     metrics: dict[str, float] | None = None
-    task_index: int | None = None
 
 
 class _Watermark(msgspec.Struct, array_like=True):
@@ -160,7 +159,6 @@ def encode_record(record: Record) -> bytes:
             lease_until=meta.lease_until,
             evaluation_due=meta.evaluation_due,
             metrics=metrics,
-            task_index=record.task_index,
         )
     )
 
@@ -192,7 +190,6 @@ def decode_record(data: bytes) -> Record:
         record.failure = Failure(FailureKind(stored.failure_kind), stored.failure_text or "")
     record.terminal_time = stored.terminal_time
     record.legacy_resend = stored.legacy_resend
-    record.task_index = stored.task_index
     record.handle = StoreMeta(
         stored.rid,
         stored.collection_due,
