@@ -219,11 +219,12 @@ async def test_two_processes_behind_a_round_robin_balancer_serve_64_groups_of_16
             assert deployment.judge_stats()["requests_total"] == 32 * GROUP_SIZE
             first += replies
         # Round robin gave each process half of the 1024 connections, so members of one group
-        # reached both; each process judged some of the groups.
+        # reached both.
         assert balancer.connections == {("127.0.0.1", a): 512, ("127.0.0.1", b): 512}
+        # Between them the processes judged each comparison once; which one judges a group is
+        # whichever stored its last member, a race that a loaded machine can tip all one way.
         attempts = [deployment.health(p)[1]["judge_attempts_total"] for p in (a, b)]
         assert sum(attempts) == 64 * GROUP_SIZE
-        assert min(attempts) > 0, attempts
 
         # Both processes killed with SIGKILL and started again: every request of every group
         # sent again through the balancer gets the same row, without a judge call.
