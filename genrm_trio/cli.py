@@ -23,7 +23,6 @@ from genrm_trio.logs import configure_logging, startup_lines
 from genrm_trio.process_tuning import (
     REJECTING_CONNECTIONS,
     prepare_collector,
-    set_socket_read_size,
     tune_for_serving,
 )
 from genrm_trio.testing import fake_judge_cli, fake_policy_cli
@@ -158,13 +157,9 @@ def run_serve(
 
 
 def hypercorn_settings(config: Config, *, backlog: int | None = None) -> HypercornConfig:
-    """hypercorn's settings for `serve`; the HTTP benchmark's echo ceiling uses them too.
-
-    Also sets hypercorn's socket read size, which is a module constant rather than a setting.
-    """
+    """hypercorn's settings for `serve`; the HTTP benchmark's echo ceiling uses them too."""
     from hypercorn.config import Config as HypercornConfig
 
-    set_socket_read_size()
     settings = HypercornConfig()
     settings.bind = [f"{config.host}:{config.port}"]
     settings.accesslog = None

@@ -29,20 +29,36 @@ def prepare_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-# hypercorn reads a socket in chunks of up to MAX_RECV bytes and keeps the last chunk referenced
-# while it waits for the next read, so every connection with a request waiting holds up to one
-# chunk besides the body the reply must echo, and bigger chunks leave bigger holes in the heap.
-# Halving hypercorn's 64 KiB took 2,048 waiting answers of 491 KiB from 1.26 to 1.15 GiB for
-# about 10% more CPU per such body (16 KiB: another 20%); bodies under 32 KiB are read as before
-# (docs/performance.md, "Memory").
-SOCKET_READ_BYTES = 32 * 1024
+# glibc serves a large allocation with its own mapping (returned to the system when freed) only
+# above a threshold that it raises to the size of the largest such block freed so far, up to
+# 32 MiB. A server that frees a 2 MB request body therefore serves the next ones from its heap,
+# and once a whole step of bodies has come and gone the heap stays at its high-water mark. A
+# fixed threshold keeps request bodies, joined buffers and large reads in mappings that go back
+# to the system with their request (docs/performance.md, "Memory").
+LARGE_ALLOCATION_BYTES = 128 * 1024
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
 
 
-def set_socket_read_size() -> None:
-    """Set hypercorn's socket read size, a module constant rather than a setting."""
-    import hypercorn.trio.tcp_server
+def return_large_blocks_to_the_system() -> bool:
+    """Fix glibc's mmap threshold (and trim the heap at the same size); False off glibc."""
+    import ctypes
+    import ctypes.util
 
-    hypercorn.trio.tcp_server.MAX_RECV = SOCKET_READ_BYTES
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    return bool(
+        mallopt(_M_MMAP_THRESHOLD, LARGE_ALLOCATION_BYTES)
+        and mallopt(_M_TRIM_THRESHOLD, 2 * LARGE_ALLOCATION_BYTES)
+    )
 
 
 SOMAXCONN_PATH = Path("/proc/sys/net/core/somaxconn")
@@ -165,7 +181,7 @@ def tune_for_serving(listen_backlog: int, judge_connections: int) -> ServeTuning
     """The process-wide settings `serve` makes before it binds (see each function's reason)."""
     backlog, capped = effective_backlog(listen_backlog, kernel_listen_limit())
     files = raise_open_file_limit(judge_connections)
-    set_socket_read_size()
+    return_large_blocks_to_the_system()
     lines = (f"listen backlog {backlog}", files.line())
     warnings = tuple(line for line in (capped, files.problem) if line is not None)
     return ServeTuning(backlog, files, lines, warnings)

@@ -1,8 +1,8 @@
 """What `serve` relies on inside hypercorn, checked so that an upgrade that removes it fails here,
 by name, rather than as a slow or silently untuned server.
 
-`serve` runs hypercorn's HTTP/1.1 protocol behind its own accept loop (http/serving.py) and sets
-hypercorn's socket read size, a module constant (process_tuning.py).
+`serve` runs hypercorn's HTTP/1.1 protocol behind its own accept loop and its own read loop
+(http/serving.py: a subclass of hypercorn's connection handler that replaces ``_read_data``).
 """
 
 from __future__ import annotations
@@ -20,21 +20,21 @@ from hypercorn.utils import wrap_app
 
 from genrm_trio.cli import hypercorn_settings
 from genrm_trio.config import Config
-from genrm_trio.process_tuning import SOCKET_READ_BYTES, set_socket_read_size
 
 
 def parameters(callable_: Callable[..., object]) -> list[str]:
     return [name for name in inspect.signature(callable_).parameters if name != "self"]
 
 
-def test_the_socket_read_size_is_a_module_constant_that_tcp_server_reads() -> None:
-    assert "receive_some(MAX_RECV)" in inspect.getsource(hypercorn.trio.tcp_server.TCPServer)
-    before = hypercorn.trio.tcp_server.MAX_RECV
-    try:
-        set_socket_read_size()
-        assert hypercorn.trio.tcp_server.MAX_RECV == SOCKET_READ_BYTES
-    finally:
-        hypercorn.trio.tcp_server.MAX_RECV = before
+def test_the_connection_handler_reads_through_the_method_serve_replaces() -> None:
+    run = inspect.getsource(TCPServer.run)
+    assert "await self._read_data()" in run
+    # The replacement reads the same attributes the original does.
+    assert "self.stream = stream" in inspect.getsource(TCPServer.__init__)
+    assert "self.protocol = ProtocolWrapper(" in run
+    read = inspect.getsource(TCPServer._read_data)
+    assert "await self.protocol.handle(RawData(" in read
+    assert "await self.protocol.handle(Closed())" in read
 
 
 def test_the_accept_loop_builds_hypercorn_objects_with_the_arguments_it_passes() -> None:
@@ -47,8 +47,6 @@ def test_the_accept_loop_builds_hypercorn_objects_with_the_arguments_it_passes()
 @pytest.mark.parametrize(
     ("setting", "reader"),
     [
-        # The read deadline is applied to every read: serve turns it off (None -> inf).
-        ("read_timeout", hypercorn.trio.tcp_server.TCPServer),
         ("keep_alive_timeout", hypercorn.trio.tcp_server.TCPServer),
         ("h11_max_incomplete_size", hypercorn.protocol.h11.H11Protocol),
         ("keep_alive_max_requests", hypercorn.protocol.h11.H11Protocol),
@@ -59,11 +57,5 @@ def test_each_setting_serve_chooses_is_still_read_by_hypercorn(setting: str, rea
 
 
 def test_an_unset_read_timeout_means_no_deadline_on_a_waiting_request() -> None:
-    source = inspect.getsource(hypercorn.trio.tcp_server.TCPServer)
-    assert "self.config.read_timeout or inf" in source
-    before = hypercorn.trio.tcp_server.MAX_RECV
-    try:
-        config = Config(judge_base_url="http://judge.invalid/v1", judge_model="m")
-        assert hypercorn_settings(config).read_timeout is None
-    finally:
-        hypercorn.trio.tcp_server.MAX_RECV = before
+    config = Config(judge_base_url="http://judge.invalid/v1", judge_model="m")
+    assert hypercorn_settings(config).read_timeout is None

@@ -41,6 +41,7 @@ from genrm_trio.http.prometheus import (
     metrics_registry,
     render_metrics,
 )
+from genrm_trio.http.receiving import BodyReceiver, Refused
 from genrm_trio.http.rendering import (
     bound_failure_text,
     error_body,
@@ -78,6 +79,7 @@ class GenRMApp(QuartTrio):
     engine: Engine
     spool: Spool
     spool_budget: SpoolBudget
+    body_receiver: BodyReceiver
     verify_asgi: VerifyASGI
 
     async def __call__(
@@ -167,6 +169,41 @@ async def _send_streamed(
         await send({"type": "http.response.body", "body": b"".join(pending), "more_body": False})
 
 
+# A reply from a body in memory goes out in pieces of about this size: its large values are
+# views of the request's body, so no copy of the whole row is made while it is sent.
+REPLY_PIECE_BYTES: Final = 256 * 1024
+
+
+async def _send_parts(send: ASGISendCallable, status: int, parts: list[bytes | memoryview]) -> None:
+    length = sum(len(part) for part in parts)
+    if length <= REPLY_PIECE_BYTES:
+        await _send_reply(send, status, b"".join(parts))
+        return
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % length)]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    pending: list[bytes | memoryview] = []
+    pending_size = 0
+    for part in parts:
+        if len(part) < REPLY_PIECE_BYTES:
+            pending.append(part)
+            pending_size += len(part)
+            if pending_size < REPLY_PIECE_BYTES:
+                continue
+            piece = b"".join(pending)
+            pending, pending_size = [], 0
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+            continue
+        if pending:
+            piece = b"".join(pending)
+            pending, pending_size = [], 0
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        view = memoryview(part)
+        for start in range(0, len(view), REPLY_PIECE_BYTES):
+            piece = bytes(view[start : start + REPLY_PIECE_BYTES])
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+    await send({"type": "http.response.body", "body": b"".join(pending), "more_body": False})
+
+
 async def _send_reply(
     send: ASGISendCallable,
     status: int,
@@ -177,16 +214,6 @@ async def _send_reply(
     headers.extend(extra_headers)
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload, "more_body": False})
-
-
-def _declared_length(scope: HTTPScope) -> int | None:
-    for name, value in scope["headers"]:
-        if name.lower() == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
 
 
 async def _cancel_on_disconnect(receive: ASGIReceiveCallable, scope: trio.CancelScope) -> None:
@@ -217,9 +244,11 @@ def create_app(
     engine = build_engine(config, judge_transport=judge_transport, hooks=hooks)
     app.engine = engine
     budget = SpoolBudget(config.waiting_body_memory_bytes)
+    receiver = BodyReceiver(budget, config.max_body_bytes, app.config["BODY_TIMEOUT"])
     spool = Spool(config.spool_dir)
     app.spool = spool
     app.spool_budget = budget
+    app.body_receiver = receiver
     openapi_bytes = openapi_json(__version__)
     metrics = engine.metrics
     prometheus = metrics_registry(engine, spool, budget)
@@ -266,67 +295,47 @@ def create_app(
             metrics.verify("unavailable")
             await _send_reply(send, 503, error_body(messages.SHUTTING_DOWN))
             return
-        declared = _declared_length(scope)
-        if declared is not None and declared > config.max_body_bytes:
-            metrics.verify("invalid")
-            await _send_reply(send, 413, too_large)
-            return
-        chunks: list[bytes] = []
-        size = 0
-        timeout = app.config["BODY_TIMEOUT"]
-        with trio.move_on_after(float("inf") if timeout is None else timeout) as reading:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                chunk = cast(bytes, message.get("body", b""))
-                size += len(chunk)
-                if size > config.max_body_bytes:
-                    metrics.verify("invalid")
+        async with receiver.receive(scope, receive) as received:
+            if received is None:
+                return  # the client left while sending
+            if isinstance(received, Refused):
+                metrics.verify("invalid")
+                if received.status == 413:
                     await _send_reply(send, 413, too_large)
-                    return
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    break
-        if reading.cancelled_caught:
-            metrics.verify("invalid")
-            await _send_reply(send, 408, _http_error_body(RequestTimeout()))
-            return
-        try:
-            parsed = parse_verify_body(chunks[0] if len(chunks) == 1 else b"".join(chunks), config)
-        except BadRequest as exc:
-            metrics.verify("invalid")
-            await _send_reply(send, exc.status, error_body(exc.detail))
-            return
-        except Exception:
-            metrics.verify("error")
-            log.exception("Exception on request POST /verify")
-            await _send_reply(send, 500, _http_error_body(InternalServerError()))
-            return
-        del chunks
-        size = len(parsed.body)
-        in_memory = budget.admit(size)
-        file: SpoolFile | None = None
-        try:
-            if not in_memory:
-                # Beyond the memory budget the body waits in a file. Nothing has happened to
-                # the request's group yet, so a disk that cannot take it is a clean 503.
-                try:
-                    file, known = await trio.to_thread.run_sync(
-                        _spool_and_fingerprint, spool, parsed
-                    )
-                except SpoolError as exc:
-                    metrics.verify("unavailable")
-                    await _send_reply(send, 503, error_body(spool_failed(exc.cause, budget)))
-                    return
+                else:
+                    await _send_reply(send, 408, _http_error_body(RequestTimeout()))
+                return
+            try:
+                parsed = parse_verify_body(received.take_body(), config)
+            except BadRequest as exc:
+                metrics.verify("invalid")
+                await _send_reply(send, exc.status, error_body(exc.detail))
+                return
+            except Exception:
+                metrics.verify("error")
+                log.exception("Exception on request POST /verify")
+                await _send_reply(send, 500, _http_error_body(InternalServerError()))
+                return
+            if received.within_budget:
+                received.admitted()
+                await _verify_and_reply(parsed, None, receive, send)
+                return
+            # Beyond the memory budget the body waits in a file. Nothing has happened to the
+            # request's group yet, so a disk that cannot take it is a clean 503.
+            try:
+                file, known = await trio.to_thread.run_sync(_spool_and_fingerprint, spool, parsed)
+            except SpoolError as exc:
+                metrics.verify("unavailable")
+                await _send_reply(send, 503, error_body(spool_failed(exc.cause, budget)))
+                return
+            try:
                 parsed.known_fingerprints = known
                 engine.counters.response_digests += 1
                 engine.counters.canonical_fingerprints += 1
-            await _verify_and_reply(parsed, file, receive, send)
-        finally:
-            if in_memory:
-                budget.release(size)
-            if file is not None:
+                parsed.spool_out()
+                received.spooled()
+                await _verify_and_reply(parsed, file, receive, send)
+            finally:
                 await spool.remove(file)
 
     async def _verify_and_reply(
@@ -336,10 +345,10 @@ def create_app(
         send: ASGISendCallable,
     ) -> None:
         def spool_out(identity: ResponseIdentity) -> None:
-            # The request waits: its body now lives in the file only.
+            # The request waits and its body lives in the file only: the identity's view of
+            # the bytes it was built with goes too.
             if file is not None:
                 identity.release()
-                parsed.spool_out()
 
         reply: tuple[int, list[EchoValue]] | None = None
         # Work the engine leaves for after the reply, so that it does not delay it.
@@ -370,7 +379,7 @@ def create_app(
                     log.error("GenRM could not read a spooled request body: %s", exc.cause)
                     await _send_reply(send, 503, error_body(spool_failed(exc.cause, budget)))
                 return
-            await _send_reply(send, status, b"".join(cast(list[bytes | memoryview], parts)))
+            await _send_parts(send, status, cast(list[bytes | memoryview], parts))
         finally:
             for work in after_reply:
                 work()
@@ -412,7 +421,13 @@ def create_app(
 
     def health(status: str) -> bytes:
         workers = None if worker_metrics is None else worker_metrics.health()
-        return render_healthz(status, engine.health(), engine.store_status(), workers)
+        counts = {
+            **engine.health(),
+            "body_bytes_receiving": budget.receiving,
+            "body_bytes_in_memory": budget.waiting,
+            "body_bytes_spooled": spool.bytes_on_disk,
+        }
+        return render_healthz(status, counts, engine.store_status(), workers)
 
     @app.get("/healthz")
     async def healthz() -> Response:

@@ -200,8 +200,24 @@ class EngineCollector(Collector):
         yield _gauge("genrm_waiters", "/verify requests waiting for their group.", stats.waiters)
         yield _gauge(
             "genrm_waiting_body_memory_bytes",
-            "Bytes of waiting request bodies held in memory.",
+            "Bytes of whole request bodies held in memory while their requests wait.",
+            self.budget.waiting,
+        )
+        yield _gauge(
+            "genrm_body_receiving_bytes",
+            "Bytes of request bodies read and not yet validated.",
+            self.budget.receiving,
+        )
+        yield _gauge(
+            "genrm_body_budget_used_bytes",
+            "Bytes the memory budget for request bodies has given out (bodies being read "
+            "within it and bodies waiting in memory), against waiting_body_memory_bytes.",
             self.budget.in_memory,
+        )
+        yield _gauge(
+            "genrm_waiting_body_spooled_bytes",
+            "Bytes of request bodies waiting in spool files.",
+            self.spool.bytes_on_disk,
         )
         yield _gauge(
             "genrm_waiting_bodies_spooled",

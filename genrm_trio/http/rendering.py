@@ -148,7 +148,8 @@ def render_healthz(
     workers: Mapping[str, int] | None = None,
 ) -> bytes:
     """W-50: the status, the four state counts, the count of resent legacy groups, the judge
-    attempts started so far, and the group store (X-4); under `serve --workers N`, after them,
+    attempts started so far, the group store (X-4) and the request-body bytes by where they
+    are (receiving, in memory, spooled); under `serve --workers N`, after them,
     `workers` (`worker`, `workers_up`, `workers`: this worker's index, the live workers, N)."""
     if status not in ("ok", "shutting_down"):
         raise ValueError(f"unknown health status {status!r}")
@@ -163,6 +164,9 @@ def render_healthz(
             judge_attempts_total=counts.get("judge_attempts_total", 0),
             group_store=store[0],
             group_store_available=store[1],
+            body_bytes_receiving=counts.get("body_bytes_receiving", 0),
+            body_bytes_in_memory=counts.get("body_bytes_in_memory", 0),
+            body_bytes_spooled=counts.get("body_bytes_spooled", 0),
         )
     )
     if workers is None:

@@ -210,6 +210,28 @@ class Healthz(msgspec.Struct, frozen=True, kw_only=True):
             )
         ),
     ] = True
+    body_bytes_receiving: Annotated[
+        int,
+        Meta(
+            description=(
+                "Bytes of /verify bodies this process has read and not yet validated (within "
+                "the memory budget or beyond it, in a spool slot)."
+            )
+        ),
+    ] = 0
+    body_bytes_in_memory: Annotated[
+        int,
+        Meta(
+            description=(
+                "Bytes of whole /verify bodies this process holds in memory while their "
+                "requests wait (within waiting_body_memory_bytes)."
+            )
+        ),
+    ] = 0
+    body_bytes_spooled: Annotated[
+        int,
+        Meta(description="Bytes of /verify bodies waiting in this process's spool files."),
+    ] = 0
 
 
 class ErrorReply(msgspec.Struct, frozen=True, kw_only=True):

@@ -10,20 +10,27 @@ every 100 ms while the judge's connections fail for want of descriptors. This lo
   needs to be judged and answered always remain; a connection over the cap is answered at once
   with a 503 naming the limit (not left hanging), and the episode is logged once, with its end;
 - treats running out of descriptors anyway (EMFILE and kin) as a logged pause, not a crash.
+
+Each connection's reads pass a ``ReadGate`` the application finds in its scope's state: while a
+request waits for room in the memory budget its gate is shut, and its body stays in the kernel
+and the client (TCP's own backpressure) instead of piling up in hypercorn's queue. Reads start
+small, so that a connection holds little while it waits, and grow while a body streams in.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 import trio
 from hypercorn.config import Config as HypercornConfig
+from hypercorn.events import Closed, RawData
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.statsd import StatsdLogger
 from hypercorn.trio.tcp_server import TCPServer
@@ -58,6 +65,77 @@ CONNECTION_GONE = frozenset(
 # A connection answered 503 is drained for at most this long, so that the request body the
 # client is still sending does not turn the reply into a connection reset.
 REJECT_DRAIN_S = 2.0
+
+
+# The first read of a connection, and every read after the socket ran dry: a request's head and
+# a small body in one read, while a connection that waits holds at most this much unread.
+FIRST_READ_BYTES = 32 * 1024
+# Reads double while each one fills its buffer, up to this: a 2 MB body then takes about a dozen
+# reads instead of 64 (each read is one trip through h11, hypercorn's queue and the scheduler).
+LARGEST_READ_BYTES = 256 * 1024
+# Where the application finds its connection's ReadGate in ``scope["state"]``.
+READ_GATE_KEY: Final = "genrm_trio.read_gate"
+
+
+class ReadGate:
+    """Whether a connection's socket may be read. Shut by the application when it cannot take
+    the request's body yet, opened again when it can; open by default."""
+
+    __slots__ = ("_opened",)
+
+    def __init__(self) -> None:
+        self._opened: trio.Event | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._opened is None
+
+    def shut(self) -> None:
+        if self._opened is None:
+            self._opened = trio.Event()
+
+    def open(self) -> None:
+        if self._opened is not None:
+            self._opened.set()
+            self._opened = None
+
+    async def wait_open(self) -> None:
+        opened = self._opened
+        if opened is not None:
+            await opened.wait()
+
+
+class GatedTCPServer(TCPServer):
+    """hypercorn's connection handler, reading through a ``ReadGate`` with adaptive read sizes."""
+
+    def __init__(self, *args: Any, gate: ReadGate) -> None:
+        super().__init__(*args)
+        self.read_gate = gate
+
+    async def _read_data(self) -> None:
+        size = FIRST_READ_BYTES
+        limit = self.config.read_timeout or math.inf
+        while True:
+            await self.read_gate.wait_open()
+            try:
+                with trio.fail_after(limit):
+                    data = await self.stream.receive_some(size)
+            except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
+                break
+            # A request waiting for its group should not keep its last chunk alive.
+            got = len(data)
+            await self.protocol.handle(RawData(bytes(data)))  # no copy: trio gives bytes
+            del data
+            if got == 0:
+                break
+            size = min(size * 2, LARGEST_READ_BYTES) if got == size else FIRST_READ_BYTES
+        await self.protocol.handle(Closed())
+
+
+def read_gate(scope: Any) -> ReadGate | None:
+    """The ReadGate of the connection a request came on, when `serve` runs it."""
+    state = scope.get("state")
+    return None if state is None else state.get(READ_GATE_KEY)
 
 
 def over_limit_reply(connections: int, open_file_limit: int) -> bytes:
@@ -233,8 +311,17 @@ async def serve_app(
             binds = [f"http://{repr_socket_addr(s.family, s.getsockname())}" for s in sockets]
 
             async def handle(stream: trio.SocketStream) -> None:
+                reads = ReadGate()
+                connection_state = ConnectionState({**state, READ_GATE_KEY: reads})
                 try:
-                    await TCPServer(asgi, settings, context, state, stream)  # type: ignore[arg-type]
+                    await GatedTCPServer(
+                        asgi,
+                        settings,
+                        context,
+                        connection_state,
+                        stream,
+                        gate=reads,
+                    )
                 finally:
                     gate.closed(admitted=True)
                     await trio.aclose_forcefully(stream)

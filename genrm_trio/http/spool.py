@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -32,11 +33,18 @@ _FILE = re.compile(r"genrm-trio-(\d+)-\d+\.body")
 
 
 class SpoolBudget:
-    """The bytes of request bodies held in memory, against ``limit`` (None: no limit)."""
+    """The bytes of request bodies held in memory, against ``limit`` (None: no limit).
+
+    ``in_memory`` is what the budget has given out: bodies admitted by their length, while they
+    are read, parsed and while their requests wait. ``receiving`` is every body byte read and not
+    yet parsed, within the budget or beyond it; ``waiting`` the admitted bodies that are whole.
+    """
 
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
         self.in_memory = 0
+        self.receiving = 0
+        self.waiting = 0
 
     def admit(self, size: int) -> bool:
         """Keep a body of ``size`` bytes in memory if it fits (and count it); else False."""
@@ -96,13 +104,21 @@ class Spool:
         self.directory: str | None = directory
         self._problem: str | None = None
         self._numbers = itertools.count()
-        self._files: set[str] = set()
+        # Written and removed from worker threads, read by /metrics: under the lock.
+        self._files: dict[str, int] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()
         self._prepared = False
 
     @property
     def files(self) -> int:
         """Spool files now on disk."""
         return len(self._files)
+
+    @property
+    def bytes_on_disk(self) -> int:
+        """Bytes of the spool files now on disk."""
+        return self._bytes
 
     def prepare(self) -> None:
         """Create the directory and remove what servers that are no longer running left there.
@@ -136,7 +152,9 @@ class Spool:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise SpoolError(f"cannot write to {self.directory}: {_os_error_text(exc)}") from None
-        self._files.add(path)
+        with self._lock:
+            self._files[path] = len(body)
+            self._bytes += len(body)
         try:
             try:
                 view = memoryview(body)
@@ -170,13 +188,16 @@ class Spool:
             await trio.to_thread.run_sync(self._remove_sync, file.path)
 
     def _remove_sync(self, path: str) -> None:
-        self._files.discard(path)
+        with self._lock:
+            self._bytes -= self._files.pop(path, 0)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
     def close(self) -> None:
         """At shutdown: remove every file still here, and the private directory."""
-        for path in list(self._files):
+        with self._lock:
+            paths = list(self._files)
+        for path in paths:
             with contextlib.suppress(OSError):
                 self._remove_sync(path)
         if self._configured is None and self.directory is not None:

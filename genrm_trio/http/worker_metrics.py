@@ -69,6 +69,9 @@ GAUGE_MODES: Final[Mapping[str, GaugeMode]] = {
     "genrm_waiters": "livesum",
     "genrm_waiting_body_memory_bytes": "livesum",
     "genrm_waiting_bodies_spooled": "livesum",
+    "genrm_body_receiving_bytes": "livesum",
+    "genrm_body_budget_used_bytes": "livesum",
+    "genrm_waiting_body_spooled_bytes": "livesum",
 }
 
 

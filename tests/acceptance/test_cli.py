@@ -218,6 +218,9 @@ def test_serve_on_a_free_port_then_stop(cli: Any, sig: signal.Signals) -> None:
             "judge_attempts_total": 0,
             "group_store": "memory",
             "group_store_available": True,
+            "body_bytes_receiving": 0,
+            "body_bytes_in_memory": 0,
+            "body_bytes_spooled": 0,
         }
     status, elapsed = stop_and_time(process, sig)
     assert status == 0

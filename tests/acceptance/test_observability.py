@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -369,7 +370,12 @@ async def test_long_keys_are_cut_to_160_code_points_in_logs(
 
 
 def health(
-    active: int, retained: int, watermarks: int, in_flight: int = 0, attempts: int = 0
+    active: int,
+    retained: int,
+    watermarks: int,
+    in_flight: int = 0,
+    attempts: int = 0,
+    in_memory: int = 0,
 ) -> dict[str, Any]:
     return {
         "status": "ok",
@@ -381,6 +387,9 @@ def health(
         "judge_attempts_total": attempts,
         "group_store": "memory",
         "group_store_available": True,
+        "body_bytes_receiving": 0,
+        "body_bytes_in_memory": in_memory,
+        "body_bytes_spooled": 0,
     }
 
 
@@ -394,10 +403,15 @@ async def test_healthz_counts_follow_a_group_through_its_life(
         async with trio.open_nursery() as nursery:
             first = server.start_verify(nursery, member(0))
             await trio.testing.wait_all_tasks_blocked()
-            assert (await server.get("/healthz")).body == health(1, 0, 1)
+            # The waiting request's body is held in memory, within the budget.
+            size = len(msgspec.json.encode(member(0)))
+            assert (await server.get("/healthz")).body == health(1, 0, 1, in_memory=size)
             second = server.start_verify(nursery, member(1))
             await trio.sleep(0.5)
-            assert (await server.get("/healthz")).body == health(1, 0, 1, 2, attempts=2)
+            both = size + len(msgspec.json.encode(member(1)))
+            assert (await server.get("/healthz")).body == health(
+                1, 0, 1, 2, attempts=2, in_memory=both
+            )
             assert [(await p.result()).reward for p in (first, second)] == [3.0, 3.0]
         assert (await server.get("/healthz")).body == health(0, 1, 1, attempts=2)
 
@@ -406,7 +420,10 @@ async def test_healthz_counts_follow_a_group_through_its_life(
             # A legacy member prunes on arrival and leaves no watermark of its own.
             legacy = server.start_verify(nursery, member(0, g=None, a=None))
             await trio.testing.wait_all_tasks_blocked()
-            assert (await server.get("/healthz")).body == health(1, 0, 0, attempts=2)
+            size = len(msgspec.json.encode(member(0, g=None, a=None)))
+            assert (await server.get("/healthz")).body == health(
+                1, 0, 0, attempts=2, in_memory=size
+            )
             await server.verify(member(1, g=None, a=None))
             assert (await legacy.result()).reward == 3.0
         assert (await server.get("/healthz")).body == health(0, 0, 0, attempts=4)

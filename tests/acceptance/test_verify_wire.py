@@ -73,6 +73,9 @@ async def assert_no_state(server: Server) -> None:
         "judge_attempts_total": 0,
         "group_store": "memory",
         "group_store_available": True,
+        "body_bytes_receiving": 0,
+        "body_bytes_in_memory": 0,
+        "body_bytes_spooled": 0,
     }
 
 

@@ -333,16 +333,18 @@ def test_healthz_reports_status_and_the_counts() -> None:
         "active_groups": 1,
         "legacy_resends_collecting": 5,
         "judge_attempts_total": 6,
+        "body_bytes_receiving": 7,
+        "body_bytes_in_memory": 8,
+        "body_bytes_spooled": 9,
     }
     assert render_healthz("ok", counts) == (
         b'{"status":"ok","active_groups":1,"retained_records":2,"watermarks":3,"judge_in_flight":4,'
         b'"legacy_resends_collecting":5,"judge_attempts_total":6,"group_store":"memory",'
-        b'"group_store_available":true}'
+        b'"group_store_available":true,"body_bytes_receiving":7,"body_bytes_in_memory":8,'
+        b'"body_bytes_spooled":9}'
     )
     shared = render_healthz("ok", counts, ("redis://10.0.0.2:6379/0", False))
-    assert shared.endswith(
-        b'"group_store":"redis://10.0.0.2:6379/0","group_store_available":false}'
-    )
+    assert b'"group_store":"redis://10.0.0.2:6379/0","group_store_available":false,' in shared
     shutting = msgspec.json.decode(render_healthz("shutting_down", counts), type=Healthz)
     assert shutting.status == "shutting_down"
     with pytest.raises(ValueError):
