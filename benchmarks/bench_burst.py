@@ -19,7 +19,9 @@ Per run: rollouts answered 200 with a reward, errors by kind (exception class or
 and masked rows), overflows, /verify per s (the step's rollouts over the time from the first
 post to the last reply), the p50 and p99 of each reply's latency after its group's last member
 was sent, server CPU per /verify (/proc/<pid>/stat), the server's peak RSS (VmHWM) and the load
-generator's own CPU per /verify.
+generator's own CPU per /verify; and, sampled every 0.25 s while the step runs, the server's
+resident memory at its highest, the most request-body bytes /healthz reported being received,
+waiting in memory and waiting in spool files, and the resident memory once every reply is in.
 
     python benchmarks/bench_burst.py            # 1,024 / 4,096 / 8,192 rollouts of 1k tokens,
                                                 # 1,024 of 16k and of 64k tokens
@@ -71,6 +73,7 @@ from _common import (
     parser,
     peak_rss_bytes,
     reset_peak_rss,
+    rss_bytes,
     start_child,
     start_fake_judge,
     start_server,
@@ -214,6 +217,12 @@ class Result:
     redis_cpu_s: float = 0.0
     redis_commands: int = 0
     judge_calls: int = 0
+    # Sampled while the step runs: the servers' resident memory (summed) at its highest, the
+    # most body bytes being received, waiting in memory and spooled (summed over servers), and
+    # the resident memory once every reply is in.
+    sampled_rss: int = 0
+    body_split: tuple[int, int, int] = (0, 0, 0)
+    rss_after: int = 0
 
     @property
     def rate(self) -> float:
@@ -297,7 +306,10 @@ async def burst(
             asyncio.create_task(post(index, group, slot, payload))
             for index, (group, slot, payload) in enumerate(bodies)
         ]
+        health_urls = [child.url.rstrip("/") for child in servers]
+        sampler = asyncio.create_task(sample_memory(pids, health_urls, result))
         _, pending = await asyncio.wait(tasks, timeout=RUN_LIMIT_S)
+        sampler.cancel()
         for task in pending:
             task.cancel()
         if pending:
@@ -313,6 +325,7 @@ async def burst(
         if redis is not None:
             result.redis_commands = redis_command_calls(redis) - commands
         result.peak_rss = max(peak_rss_bytes(pid) for pid in pids)
+        result.rss_after = sum(rss_bytes(pid) for pid in pids)
     result.overflows = after.get("ListenOverflows", 0) - before.get("ListenOverflows", 0)
     result.drops = after.get("ListenDrops", 0) - before.get("ListenDrops", 0)
     # A group's last member arrived when the last of its bodies was written (the server cannot
@@ -324,6 +337,44 @@ async def burst(
     result.latencies = [
         done[i] - group_sent[group_of[i]] for i in done if group_of[i] in group_sent
     ]
+
+
+SAMPLE_EVERY_S = 0.25
+
+
+async def sample_memory(pids: Sequence[int], health_urls: Sequence[str], result: Result) -> None:
+    """Until cancelled: the servers' resident memory and /healthz's body bytes, highest seen."""
+    receiving = in_memory = spooled = 0
+    while True:
+        result.sampled_rss = max(result.sampled_rss, sum(rss_bytes(pid) for pid in pids))
+        try:
+            counts = await asyncio.gather(*(health_counts(url) for url in health_urls))
+        except OSError:
+            # A server too busy to accept one more connection is skipped for this sample.
+            await asyncio.sleep(SAMPLE_EVERY_S)
+            continue
+        receiving = max(receiving, sum(c.get("body_bytes_receiving", 0) for c in counts))
+        in_memory = max(in_memory, sum(c.get("body_bytes_in_memory", 0) for c in counts))
+        spooled = max(spooled, sum(c.get("body_bytes_spooled", 0) for c in counts))
+        result.body_split = (receiving, in_memory, spooled)
+        await asyncio.sleep(SAMPLE_EVERY_S)
+
+
+async def health_counts(url: str) -> dict[str, Any]:
+    """/healthz of one server, read on a connection of its own (not the step's session)."""
+    reader, writer = await asyncio.open_connection(*url.removeprefix("http://").split(":"))
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nhost: s\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        counts: dict[str, Any] = json.loads(await reader.readexactly(length))
+    finally:
+        writer.close()
+    return counts
 
 
 def expected_reward(slot: int) -> float:
@@ -553,6 +604,9 @@ def row(result: Result) -> list[str]:
         f"{percentile(result.latencies, 0.99) * 1e3:,.0f}",
         f"{result.server_cpu_s * per:.2f}",
         mib(result.peak_rss),
+        mib(result.sampled_rss),
+        " / ".join(mib(part) for part in result.body_split),
+        mib(result.rss_after),
         f"{result.client_cpu_s * per:.2f}",
         f"{result.judge_cpu_s * per:.2f}",
     ]
@@ -570,6 +624,9 @@ HEADERS = [
     "p99 ms",
     "server CPU ms per /verify",
     "server peak RSS MiB",
+    "RSS while waiting MiB",
+    "most bytes receiving / in memory / spooled MiB",
+    "RSS after MiB",
     "client CPU ms per /verify",
     "judge CPU ms per /verify",
 ]

@@ -43,12 +43,14 @@ import select
 import sys
 import tempfile
 import time
+import tracemalloc
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import msgspec
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -341,6 +343,42 @@ def main() -> None:
         print_results(results)
     if budget_results:
         print_budgets(budget_results)
+    shape = (budgets or scenarios)[0].shape
+    print()
+    print(f"What one body of {shape.generated_tokens:,} tokens costs held in memory:")
+    print()
+    print(table(["form", "KiB", "vs its bytes"], parsed_costs(shape)))
+
+
+def parsed_costs(shape: BodyShape) -> list[list[str]]:
+    """What one body costs in memory as bytes, as a decoded tree (msgspec, Python's json), and
+    as what a waiting request keeps of it after validation (the bytes aside), by tracemalloc."""
+    from genrm_trio.config import Config
+    from genrm_trio.http.parsing import parse_verify_body
+
+    body = verify_body(shape, seed=1, group_id="g-0", slot=1)
+    config = Config(judge_base_url="http://judge.invalid/v1", judge_model="m")
+
+    def retained(build: Callable[[], object]) -> int:
+        tracemalloc.start()
+        kept = build()
+        size = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        del kept
+        return size
+
+    def waiting_request() -> object:
+        request = parse_verify_body(body, config)
+        request.take_scoring()  # what the engine takes (and compacts) when the request arrives
+        return request
+
+    rows = [
+        ("the body's bytes", len(body)),
+        ("decoded by msgspec.json.decode", retained(lambda: msgspec.json.decode(body))),
+        ("decoded by json.loads", retained(lambda: json.loads(body))),
+        ("a waiting request besides the bytes", retained(waiting_request)),
+    ]
+    return [[name, f"{size / 1024:,.1f}", f"{size / len(body):.3f}"] for name, size in rows]
 
 
 def wrong_text(result: Result) -> str:

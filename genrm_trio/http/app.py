@@ -171,7 +171,7 @@ async def _send_streamed(
 
 # A reply from a body in memory goes out in pieces of about this size: its large values are
 # views of the request's body, so no copy of the whole row is made while it is sent.
-REPLY_PIECE_BYTES: Final = 256 * 1024
+REPLY_PIECE_BYTES: Final = 64 * 1024
 
 
 async def _send_parts(send: ASGISendCallable, status: int, parts: list[bytes | memoryview]) -> None:

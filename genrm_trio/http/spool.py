@@ -26,7 +26,7 @@ import trio
 
 log = logging.getLogger("genrm_trio")
 
-READ_CHUNK_BYTES = 256 * 1024
+READ_CHUNK_BYTES = 64 * 1024
 _PRIVATE_PREFIX = "genrm-trio-spool-"
 _PRIVATE_DIR = re.compile(r"genrm-trio-spool-(\d+)-")
 _FILE = re.compile(r"genrm-trio-(\d+)-\d+\.body")
