@@ -448,11 +448,17 @@ class SharedEngine(Engine):
         if meta.evaluation_due <= tx.now:
             tx.registry.evaluation_deadline(record, 0, tx.now)
             return
-        log.warning(
-            "GenRM took over the evaluation of key='%s' after its owner's lease expired",
-            messages.log_key(record.key),
-        )
         tx.claim(record, self.store.lease_s)
+        # Among processes racing for the same expired lease, only the one whose EXEC applies
+        # logs it: the transaction's logs are emitted once it is stored.
+        tx.logs.append(
+            (
+                logging.WARNING,
+                f"GenRM took over the evaluation of key='{messages.log_key(record.key)}' "
+                "after its owner's lease expired",
+                {},
+            )
+        )
 
     # ---- evaluation (owner) ----------------------------------------------------------------
 
