@@ -47,7 +47,7 @@ from genrm_trio.core.texts import (
 )
 from genrm_trio.core.verdicts import Verdict
 from genrm_trio.judge.client import JudgeClient, JudgeFailure, JudgeTask
-from genrm_trio.judge.slots import Lane
+from genrm_trio.judge.slots import JudgeSlots, Lane
 from genrm_trio.judge.transport import TransportFactory
 from genrm_trio.runtime.hooks import Hooks, call_hook
 
@@ -125,11 +125,14 @@ class Engine:
         *,
         judge_transport: TransportFactory | None = None,
         hooks: Hooks | None = None,
+        judge_slots: JudgeSlots | None = None,
     ) -> None:
         self.config = config
         self.hooks = hooks or Hooks()
         self.metrics = ServerMetrics()
-        self.judge = JudgeClient(config, transport=judge_transport, metrics=self.metrics)
+        self.judge = JudgeClient(
+            config, transport=judge_transport, metrics=self.metrics, slots=judge_slots
+        )
         self.registry = GroupRegistry(config, log=log.log)
         self.counters = Counters()
         self.metrics.fingerprint_seconds = self.counters.fingerprint_seconds

@@ -42,9 +42,11 @@ from genrm_trio.core.pairs import Comparison
 from genrm_trio.core.server_metrics import verify_label
 from genrm_trio.core.verdicts import Verdict
 from genrm_trio.judge.client import JudgeFailure
+from genrm_trio.judge.slots import JudgeSlots
 from genrm_trio.judge.transport import TransportFactory
 from genrm_trio.runtime.engine import Engine, MemberRequest, _first_error
 from genrm_trio.runtime.hooks import Hooks, call_hook
+from genrm_trio.runtime.judge_budget import SharedJudgeBudget
 from genrm_trio.store.records import StoreMeta
 from genrm_trio.store.redis_store import (
     RedisGroupStore,
@@ -71,8 +73,13 @@ class SharedEngine(Engine):
         poll_s: float = 1.0,
         notifications: bool = True,
     ) -> None:
-        super().__init__(config, judge_transport=judge_transport, hooks=hooks)
+        slots = JudgeSlots(config.process_judge_concurrency, shared=True)
+        super().__init__(config, judge_transport=judge_transport, hooks=hooks, judge_slots=slots)
         self.store = store
+        # judge_max_concurrency holds for the whole deployment: slots come from the store.
+        self.judge_budget = SharedJudgeBudget(
+            store, slots, config.judge_max_concurrency, poll_s=poll_s
+        )
         self.poll_s = poll_s
         self.notifications = notifications
         self._closed = False
@@ -96,6 +103,7 @@ class SharedEngine(Engine):
             if self.notifications:
                 nursery.start_soon(self._listen)
             nursery.start_soon(self._sweep)
+            nursery.start_soon(self.judge_budget.run)
             task_status.started()
             await self._stopped.wait()
             nursery.cancel_scope.cancel()
@@ -125,6 +133,7 @@ class SharedEngine(Engine):
 
     async def _close_connections(self) -> None:
         await super()._close_connections()
+        await self.judge_budget.give_back()
         await self.store.aclose()
 
     # ---- /verify -------------------------------------------------------------------------------
@@ -341,18 +350,27 @@ class SharedEngine(Engine):
             except StoreUnavailable:
                 await trio.sleep(self.poll_s)
                 continue
+            budget = self.judge_budget.channel.encode()
             try:
-                await connection.pipeline([["SUBSCRIBE", self.store.channel]])
+                await connection.pipeline(
+                    [["SUBSCRIBE", self.store.channel], ["SUBSCRIBE", budget]]
+                )
                 self.subscribed = True
+                self.judge_budget.notified()
                 await self._poll_waiters()
                 while True:
                     message = await connection.receive()
-                    if isinstance(message, list) and message and message[0] == b"message":
+                    if not (isinstance(message, list) and message and message[0] == b"message"):
+                        continue
+                    if message[1] == budget:
+                        self.judge_budget.notified()
+                    else:
                         rid = message[2].decode()
                         copies = self.hooks.on_notification
                         for _ in range(1 if copies is None else copies(rid)):
                             if rid in self.watched_records():
-                                for record in (await self.store.finished_records([rid])).values():
+                                finished = await self.store.finished_records([rid])
+                                for record in finished.values():
                                     self._ended_elsewhere(record)
             except (StoreUnavailable, StoreFailed):
                 self.subscribed = False

@@ -505,18 +505,25 @@ class RedisGroupStore:
         replies = await self.call("MGET", *[self.outcome_key(rid) for rid in rids])
         return {rid: decode_record(data) for rid, data in zip(rids, replies, strict=True) if data}
 
-    async def due(self, sorted_set: str, limit: int = 256) -> list[str]:
-        """Groups whose collection deadline or evaluation lease has passed (store clock)."""
-        args: list[Arg] = [limit]
-        if self.clock is not None:
-            args.append(repr(self.clock()))
-        command = _DUE_SCRIPT.command([sorted_set], args)
+    async def run_script(self, script: Script, keys: list[Arg], args: list[Arg]) -> Any:
+        """Run a script by EVALSHA; loaded first if the server does not know it."""
+        command = script.command(keys, args)
         replies = await self.pipeline([command])
         if Script.missing(replies[0]):
-            _, replies[0] = await self.pipeline([["SCRIPT", "LOAD", _DUE_SCRIPT.text], command])
+            _, replies[0] = await self.pipeline([["SCRIPT", "LOAD", script.text], command])
         if isinstance(replies[0], ServerError):
             raise self._failed(replies[0])
-        return [member.decode() for member in replies[0]]
+        return replies[0]
+
+    def clock_args(self) -> list[Arg]:
+        """A script's optional last argument: the harness's clock, else nothing (the script
+        reads the store's TIME)."""
+        return [] if self.clock is None else [repr(self.clock())]
+
+    async def due(self, sorted_set: str, limit: int = 256) -> list[str]:
+        """Groups whose collection deadline or evaluation lease has passed (store clock)."""
+        members = await self.run_script(_DUE_SCRIPT, [sorted_set], [limit, *self.clock_args()])
+        return [member.decode() for member in members]
 
     async def counts(self) -> dict[str, int]:
         """Active groups, retained records and watermarks of this deployment (/healthz)."""
