@@ -25,6 +25,7 @@ from genrm_trio.core.groups import (
     BeginEvaluation,
     CancelGroup,
     Effect,
+    GroupCounts,
     GroupInputs,
     GroupRegistry,
     MemberTexts,
@@ -483,8 +484,18 @@ class Engine:
         """Where groups live, and whether that store answered its last use."""
         return "memory", True
 
-    async def refresh_health(self) -> None:
-        """Bring the figures of ``health`` up to date (a shared store is asked for its own)."""
+    async def refresh_counts(self) -> None:
+        """Bring ``group_counts`` and ``health`` up to date (a shared store is asked for its
+        own); /healthz and /metrics call it before they answer."""
+
+    def group_counts(self) -> GroupCounts:
+        """The groups of the store this server uses, for its gauges."""
+        return self.registry.group_counts(trio.current_time())
+
+    @property
+    def evaluations_running(self) -> int:
+        """Groups this process is judging now."""
+        return self.statistics().evaluating
 
     def health(self) -> Mapping[str, int]:
         stats = self.statistics()

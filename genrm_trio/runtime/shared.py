@@ -26,6 +26,7 @@ from genrm_trio.core.groups import (
     Answer,
     Arrival,
     Decision,
+    GroupCounts,
     GroupRegistry,
     Outcome,
     Phase,
@@ -59,6 +60,11 @@ from genrm_trio.store.resp import StoreUnavailable
 
 log = logging.getLogger("genrm_trio")
 
+# An offered group: a process judging n groups claims it after n steps (at most half the wait),
+# the offering process after the whole wait, if nobody has by then.
+OFFER_STEP_S = 0.002
+OFFER_WAIT_S = 0.05
+
 
 class SharedEngine(Engine):
     """A server instance whose groups live in a shared store (SPEC X-4, X-1)."""
@@ -89,7 +95,10 @@ class SharedEngine(Engine):
         # stale one and a newer one of the same record (it took its own group over).
         self._evaluations: dict[tuple[str, int], trio.CancelScope] = {}
         self._queued: dict[str, list[_Arriving]] = {}  # group -> arrivals for its next batch
-        self._store_counts: dict[str, int] | None = None
+        self._store_counts: GroupCounts | None = None  # the deployment's, as last read
+        self._counted = False  # the last attempt to read them succeeded
+        self._processes = 0  # processes following the store's notifications, as last read
+        self.offers = 0  # groups this process filled and offered to a less loaded one
         self.claims = 0  # evaluations this process claimed (at the fill, or by taking over)
         self.published = 0  # outcomes it stored
         self.refused = 0  # results the fence refused: another claim had come since
@@ -236,6 +245,7 @@ class SharedEngine(Engine):
 
     async def _apply_batch(self, ref: str, batch: list[_Arriving]) -> None:
         def step(tx: Transaction[Any]) -> list[Decision]:
+            tx.hand_over = self._hand_over_load()
             decisions = []
             for arriving in batch:
                 assert arriving.arrival is not None
@@ -330,6 +340,10 @@ class SharedEngine(Engine):
                 for (rid, _), scope in self._evaluations.items():
                     if rid == _rid(finished):
                         scope.cancel()
+        if tx.offered is not None and not self._closed:
+            # Claimed back if no less loaded process has taken it meanwhile.
+            self.offers += 1
+            self._spawn(self._claim_offer, record_ref(tx.offered), OFFER_WAIT_S)
         if tx.claimed is not None and not self._closed:
             self.claims += 1
             # Listed at once, not when the task first runs: the evaluation is this process's
@@ -351,9 +365,14 @@ class SharedEngine(Engine):
                 await trio.sleep(self.poll_s)
                 continue
             budget = self.judge_budget.channel.encode()
+            offers = self.store.offers_channel.encode()
             try:
                 await connection.pipeline(
-                    [["SUBSCRIBE", self.store.channel], ["SUBSCRIBE", budget]]
+                    [
+                        ["SUBSCRIBE", self.store.channel],
+                        ["SUBSCRIBE", budget],
+                        ["SUBSCRIBE", offers],
+                    ]
                 )
                 self.subscribed = True
                 self.judge_budget.notified()
@@ -364,6 +383,8 @@ class SharedEngine(Engine):
                         continue
                     if message[1] == budget:
                         self.judge_budget.notified()
+                    elif message[1] == offers:
+                        self._offered(message[2].decode())
                     else:
                         rid = message[2].decode()
                         copies = self.hooks.on_notification
@@ -400,11 +421,13 @@ class SharedEngine(Engine):
                 scope.cancel()
 
     async def _sweep(self) -> None:
-        """Every poll interval: waiters' outcomes, expired collections, expired leases."""
+        """Every poll interval: waiters' outcomes, expired collections, expired leases, and the
+        deployment's group counts for the gauges."""
         while True:
             await trio.sleep(self.poll_s)
             try:
                 await self.sweep_once()
+                await self.refresh_counts()
             except StoreFailed as exc:
                 log.debug("GenRM group store sweep failed: %s", exc)
             except Exception as exc:
@@ -454,8 +477,8 @@ class SharedEngine(Engine):
                 tx.registry.collection_expired(record, tx.now)
 
     def _take_over(self, tx: Transaction[Any]) -> None:
-        """An evaluation whose owner stopped renewing its lease: claim it, or fail it if its
-        evaluation deadline has passed meanwhile."""
+        """An evaluation whose owner stopped renewing its lease, or one offered and not yet
+        claimed: claim it, or fail it if its evaluation deadline has passed meanwhile."""
         record = tx.loaded
         if record is None or record.phase is not Phase.EVALUATING:
             return
@@ -466,7 +489,10 @@ class SharedEngine(Engine):
         if meta.evaluation_due <= tx.now:
             tx.registry.evaluation_deadline(record, 0, tx.now)
             return
+        offered = meta.fence == 0
         tx.claim(record, self.store.lease_s)
+        if offered:
+            return
         # Among processes racing for the same expired lease, only the one whose EXEC applies
         # logs it: the transaction's logs are emitted once it is stored.
         tx.logs.append(
@@ -477,6 +503,34 @@ class SharedEngine(Engine):
                 {},
             )
         )
+
+    # ---- where groups are judged ---------------------------------------------------------
+
+    def _hand_over_load(self) -> int | None:
+        """This process's evaluations running, when it judges more groups than its share of
+        the deployment's (by the last count, plus one): a group it fills is then offered to a
+        process judging fewer. None: it judges the group itself."""
+        counts = self._store_counts
+        mine = len(self._evaluations)
+        if not self.notifications or counts is None or self._processes < 2 or mine < 2:
+            return None
+        return mine if mine > counts.evaluating / self._processes + 1 else None
+
+    def _offered(self, message: str) -> None:
+        """Another process offers a group it filled: claim it if this process judges at least
+        two groups fewer, the sooner the fewer it judges, so the least loaded one gets it."""
+        load, _, ref = message.partition(" ")
+        mine = len(self._evaluations)
+        if self._closed or mine + 1 >= int(load):
+            return
+        self._spawn(self._claim_offer, ref, min(OFFER_STEP_S * mine, OFFER_WAIT_S / 2))
+
+    async def _claim_offer(self, ref: str, delay_s: float) -> None:
+        await trio.sleep(delay_s)
+        try:
+            await self._sweep_group(ref, self._take_over)
+        except StoreFailed:
+            pass  # a sweep claims it once the store answers again
 
     # ---- evaluation (owner) ----------------------------------------------------------------
 
@@ -657,23 +711,37 @@ class SharedEngine(Engine):
     def store_status(self) -> tuple[str, bool]:
         return self.store.name, self.store.available
 
-    async def refresh_health(self) -> None:
+    async def refresh_counts(self) -> None:
         """Count the deployment's groups in the store; this doubles as a reachability check."""
         try:
-            self._store_counts = await self.store.counts()
+            self._store_counts, self._processes = await self.store.counts()
         except StoreFailed:
-            self._store_counts = None
+            self._counted = False
+        else:
+            self._counted = True
+
+    def group_counts(self) -> GroupCounts:
+        """The deployment's groups as the store counted them last (at the last sweep, health
+        check or scrape): the same at every process. Kept while the store is unreachable."""
+        return self._store_counts or GroupCounts(0, 0, 0, 0, 0.0)
+
+    @property
+    def evaluations_running(self) -> int:
+        return len(self._evaluations)
 
     def health(self) -> Mapping[str, int]:
-        """The deployment's groups as the store counted them at the last health check (this
+        """The deployment's groups as the store counted them at this health check (this
         process's own evaluations while the store is unreachable), and this process's judge."""
-        counts = self._store_counts or {
-            "active_groups": len(self._evaluations),
-            "retained_records": 0,
-            "watermarks": 0,
-        }
+        counts = self._store_counts
+        if counts is None or not self._counted:
+            active, retained, watermarks = len(self._evaluations), 0, 0
+        else:
+            active = counts.collecting + counts.evaluating
+            retained, watermarks = counts.retained_records, counts.watermarks
         return {
-            **counts,
+            "active_groups": active,
+            "retained_records": retained,
+            "watermarks": watermarks,
             "judge_in_flight": self.judge.in_flight,
             "judge_attempts_total": self.judge.attempts_total,
         }
@@ -737,6 +805,10 @@ async def check_store_invariants(store: RedisGroupStore, config: Config) -> Grou
         raise AssertionError(f"terminal set {sorted(terminal)} != records {sorted(expected)}")
     if await live("idle") != set(registry.idle_order.keys()):
         raise AssertionError("idle set != idle watermarks")
+    legacy_active = {m.decode() for m in await store.call("SMEMBERS", store.legacy_active)}
+    active_legacy = {ref for ref, r in records.items() if r.group_id is None and r.phase.active}
+    if legacy_active != active_legacy:
+        raise AssertionError(f"legacy-active set {sorted(legacy_active)} != active legacy records")
     return registry
 
 

@@ -80,3 +80,31 @@ async def test_survivors_racing_for_expired_groups_take_each_over_once(
         await check_store_invariants(b.store, b.config)
         taken = [r for r in caplog.records if r.getMessage().startswith(TAKEN_OVER)]
         assert len(taken) == GROUPS
+
+
+async def test_a_process_judging_more_than_its_share_offers_the_groups_it_fills(
+    shared_redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Every member reaches engine a, so a fills every group; judge calls take a while, so a's
+    # evaluations pile up while b judges nothing.
+    judge = FakeJudge(latency="fixed:0.2")
+    async with shared_engines(shared_redis_server.url, judge=judge, lease_s=5.0) as (a, b):
+        await wait_until(lambda: a._processes == 2)  # a's sweep has counted the deployment
+        outcomes: list[Outcome] = []
+
+        async def send(body: dict[str, Any]) -> None:
+            outcomes.append(await verify(a, body))
+
+        with caplog.at_level(logging.WARNING, logger="genrm_trio"):
+            async with trio.open_nursery() as nursery:
+                for g in range(GROUPS):
+                    for slot in range(2):
+                        nursery.start_soon(send, member(slot, 1 + slot, g=f"o{g}"))
+                    await trio.sleep(0.01)
+        assert sorted(o.reward for o in outcomes if isinstance(o, Scored)) == [1.0] * GROUPS + [2.0] * GROUPS
+        # b judged a share of the groups a filled; each group was judged once, by one of them.
+        assert a.offers > 0 and b.claims > 0
+        assert a.claims + b.claims == GROUPS
+        assert judge.stats()["requests_total"] == 2 * GROUPS
+        assert not [r for r in caplog.records if r.getMessage().startswith(TAKEN_OVER)]
+        await check_store_invariants(a.store, a.config)
