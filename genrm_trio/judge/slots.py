@@ -16,9 +16,9 @@ first-out queue.
 With a shared group store the budget belongs to every process of the deployment
 (runtime/judge_budget.py keeps it in the store): a queue made ``shared`` grants only the slots
 this process holds from it (``held``), and says when the store should hear from it
-(``exchange_due``): a slot held but idle goes back, attempts waiting ask for more. While other
-processes wait for the budget (``yielding``), a slot freed here goes back too rather than to the
-next local ticket, so the processes take turns.
+(``exchange_due``): attempts waiting ask for more, and a slot held but idle goes back at the next
+exchange. While other processes wait for the budget (``yielding``), a slot freed here goes back
+at once rather than to the next local ticket, so the processes take turns.
 """
 
 from __future__ import annotations
@@ -147,13 +147,14 @@ class SlotQueue:
     @property
     def exchange_due(self) -> bool:
         """Whether the shared budget should hear from this process now: a slot held but idle
-        (nobody here waits, or others wait there), attempts waiting that it has not been asked
-        for, or a request of the last exchange that nobody here needs any more."""
+        while others wait there, attempts waiting that it has not been asked for, or a request
+        of the last exchange that nobody here needs any more. An idle slot nobody else waits
+        for stays until the next exchange, so the next attempt here takes it without asking."""
         held = self.held
         if held is None:
             return False
         if held > self.in_use:
-            return True
+            return self.yielding
         if self.waiting:
             return held < self.capacity and not self.starved
         return self.starved

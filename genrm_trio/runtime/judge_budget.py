@@ -6,7 +6,10 @@ this process's priority queue (judge/slots.py), which grants only the slots the 
 one task per process keeps that holding right: it asks the store for slots when attempts wait
 here, gives back those nobody here needs, and renews the process's lease while it holds any.
 Exchanges are batched: however many attempts start or end while one is under way, the next
-carries them all, so a burst of comparisons costs a few round trips, not two per attempt.
+carries them all, so a burst of comparisons costs a few round trips, not two per attempt. A slot
+an attempt here has finished with stays with the process until its next exchange (at most
+``poll_s``), unless another process waits for one, so a process judging steadily asks the store
+for slots only when it needs more than it holds.
 
 Wake-ups come from the queue (an exchange is due), from the budget's notifications (slots came
 free elsewhere, or another process began to wait), and from a timer (every ``poll_s``, at most
@@ -55,10 +58,12 @@ class SharedJudgeBudget:
 
     def notified(self) -> None:
         """A message on the budget's channel (or a fresh subscription, which may have missed
-        some): slots may have come free, or another process may have begun to wait. Either
-        matters only to a process whose attempts wait for a slot."""
+        some): slots may have come free, or another process may have begun to wait. The first
+        matters to a process whose attempts wait for a slot, the second to one holding slots it
+        does not use or passing them on among its own attempts."""
         queue = self.slots.queue
-        if queue.waiting:
+        held = queue.held or 0
+        if queue.waiting or held > queue.in_use:
             self._notified = True
             self._wake.set()
 

@@ -508,20 +508,20 @@ class SharedEngine(Engine):
 
     def _hand_over_load(self) -> int | None:
         """This process's evaluations running, when it judges more groups than its share of
-        the deployment's (by the last count, plus one): a group it fills is then offered to a
-        process judging fewer. None: it judges the group itself."""
+        the deployment's (by the last count): a group it fills is then offered to a process
+        judging fewer. None: it judges the group itself."""
         counts = self._store_counts
         mine = len(self._evaluations)
-        if not self.notifications or counts is None or self._processes < 2 or mine < 2:
+        if not self.notifications or counts is None or self._processes < 2 or mine < 1:
             return None
-        return mine if mine > counts.evaluating / self._processes + 1 else None
+        return mine if mine > counts.evaluating / self._processes else None
 
     def _offered(self, message: str) -> None:
-        """Another process offers a group it filled: claim it if this process judges at least
-        two groups fewer, the sooner the fewer it judges, so the least loaded one gets it."""
+        """Another process offers a group it filled: claim it if this process judges fewer
+        groups, the sooner the fewer it judges, so the least loaded one gets it."""
         load, _, ref = message.partition(" ")
         mine = len(self._evaluations)
-        if self._closed or mine + 1 >= int(load):
+        if self._closed or mine >= int(load):
             return
         self._spawn(self._claim_offer, ref, min(OFFER_STEP_S * mine, OFFER_WAIT_S / 2))
 

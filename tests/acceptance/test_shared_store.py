@@ -653,5 +653,7 @@ async def test_two_processes_never_send_the_judge_more_than_judge_max_concurrenc
     stats = deployment.judge_stats()
     assert stats["requests_total"] == len(groups) * GROUP_SIZE
     assert stats["max_in_flight"] == 8  # the budget was used, and never more
-    assert [deployment.health(p)[1]["judge_attempts_total"] for p in (a, b)] == [256, 256]
+    # Both judged (a group filled at one may be offered to the other, judging fewer).
+    attempts = [deployment.health(p)[1]["judge_attempts_total"] for p in (a, b)]
+    assert sum(attempts) == 512 and min(attempts) > 0
     deployment.stop_all()

@@ -257,12 +257,14 @@ def test_a_shared_queue_gives_back_idle_slots_and_withdraws_a_request_nobody_nee
     queue.cancel(tickets[2])  # the one still waiting leaves: the budget's line must hear it
     assert queue.exchange_due and queue.begin_exchange() == (2, 0)
     queue.end_exchange(0, 0, others_waiting=False)
-    assert queue.release() is None and queue.exchange_due  # an idle slot goes back
-    assert queue.begin_exchange() == (1, 0) and queue.held == 1
-    # A newcomer takes a slot still held at once, without asking.
-    queue.end_exchange(0, 0, others_waiting=False)
+    # An idle slot stays until the next exchange: a newcomer takes it at once, without asking.
+    assert queue.release() is None and not queue.exchange_due
+    assert queue.held == 2 and queue.try_acquire()
     queue.release()
-    assert queue.held == 1 and queue.try_acquire()
+    assert queue.begin_exchange() == (1, 0) and queue.held == 1  # then it goes back
+    # While others wait for the budget, an idle slot goes back at once.
+    queue.end_exchange(0, 0, others_waiting=True)
+    assert queue.release() is None and queue.exchange_due
 
 
 def test_a_shared_queue_keeps_the_priority_order_of_its_tickets() -> None:

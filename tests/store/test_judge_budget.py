@@ -195,15 +195,21 @@ async def test_two_engines_never_have_more_than_the_budget_at_the_judge(
                 nursery.start_soon(send_group, (a, b)[g % 2], g, 4)
         assert judge.stats()["requests_total"] == 64
         assert judge.stats()["max_in_flight"] == peak
-        assert a.judge.attempts_total == b.judge.attempts_total == 32
+        assert a.judge.attempts_total > 0 and b.judge.attempts_total > 0
 
 
 async def test_an_engine_that_starts_judging_later_gets_its_turn(
     shared_redis_server: RedisServer,
 ) -> None:
     judge = FakeJudge(latency="fixed:0.05")
+    # Without notifications no group filled at a is offered to b (which would judge a's groups
+    # with its slots); the budget's timer (poll_s) still tells a that b waits.
     async with shared_engines(
-        shared_redis_server.url, judge=judge, num_rollouts_per_prompt=4, judge_max_concurrency=8
+        shared_redis_server.url,
+        judge=judge,
+        notifications=False,
+        num_rollouts_per_prompt=4,
+        judge_max_concurrency=8,
     ) as (a, b):
         async with trio.open_nursery() as nursery:
             for g in range(8):
@@ -255,8 +261,10 @@ async def test_a_dead_engine_s_slots_come_back_after_its_lease(
         lease_s=0.5,
         num_rollouts_per_prompt=4,
         judge_max_concurrency=4,
-    ) as (a, _):
+    ) as (a, b):
         outcomes = await send_group(a, 1, 4)
+        # The dead engine's group is taken over and judged too, once its evaluation lease
+        # has expired.
+        await wait_until(lambda: a.published + b.published == 2)
     assert sorted(o.reward for o in outcomes if isinstance(o, Scored)) == [1.0, 2.0, 3.0, 4.0]
-    # The dead engine's group was taken over and judged too, once its evaluation lease expired.
     assert judge.stats()["requests_total"] == 8

@@ -101,7 +101,8 @@ async def test_a_process_judging_more_than_its_share_offers_the_groups_it_fills(
                     for slot in range(2):
                         nursery.start_soon(send, member(slot, 1 + slot, g=f"o{g}"))
                     await trio.sleep(0.01)
-        assert sorted(o.reward for o in outcomes if isinstance(o, Scored)) == [1.0] * GROUPS + [2.0] * GROUPS
+        rewards = sorted(o.reward for o in outcomes if isinstance(o, Scored))
+        assert rewards == [1.0] * GROUPS + [2.0] * GROUPS
         # b judged a share of the groups a filled; each group was judged once, by one of them.
         assert a.offers > 0 and b.claims > 0
         assert a.claims + b.claims == GROUPS
