@@ -30,6 +30,8 @@ waiting in memory and waiting in spool files, and the resident memory once every
     python benchmarks/bench_burst.py --runs 4096x1024 --baseline-source DIR   # another tree too
     python benchmarks/bench_burst.py --group-store redis --processes 1 2 4 \
         --runs 1024x1024 --runs 4096x1024 --runs 8192x1024
+    python benchmarks/bench_burst.py --group-store redis --processes 2 4 --runs 1024x1024 \
+        --judge-latency fixed:0.02 --set judge_max_concurrency=32 --baseline-source DIR
 
 With `--group-store redis`, each step is posted at once on fresh connections to one server on the
 in-memory store (the baseline) and then to K servers sharing one Redis (append-only file,
@@ -40,7 +42,11 @@ counts as the load generator's). Every reply's reward is checked against the one
 qualities predict (under circular pairing a rollout's reward is its own quality, 1 + slot % 5),
 and the judge's own count of calls against the step's required comparisons. Server CPU per
 /verify adds up every server process; Redis CPU and commands per /verify come from
-/proc/<pid>/stat and INFO commandstats before and after the step.
+/proc/<pid>/stat and INFO commandstats before and after the step. Each step also reports the
+judge calls each server made (its /healthz judge_attempts_total: the groups it evaluated) and
+the most calls the fake judge had in flight at once. `--baseline-source DIR` runs the K servers
+from another source tree too, `--judge-latency` gives the fake judge a latency and `--set` gives
+every server a setting.
 
 Needs aiohttp: `pip install -e '.[bench]'`.
 """
@@ -223,6 +229,10 @@ class Result:
     sampled_rss: int = 0
     body_split: tuple[int, int, int] = (0, 0, 0)
     rss_after: int = 0
+    judge_peak: int = 0  # the most judge calls the fake judge had in flight at once
+    judge_calls_by_server: list[int] = field(default_factory=list)
+    cpu_by_server: list[float] = field(default_factory=list)
+    budget_exchanges: int = 0  # exchanges with the shared judge budget (HGETALL, one each)
 
     @property
     def rate(self) -> float:
@@ -294,9 +304,12 @@ async def burst(
             redis_pid = redis.pid
         for pid in pids:
             reset_peak_rss(pid)
-        server_cpu = sum(cpu_seconds(pid) for pid in pids)
+        cpu_each = [cpu_seconds(pid) for pid in pids]
+        exchanges = command_calls(redis, "hgetall") if redis is not None else 0
         judge_cpu = cpu_seconds(judge.pid)
+        reset_judge(judge)  # its peak of calls in flight counts from here
         calls_before = judge_calls(judge)
+        server_calls = [judge_attempts(child) for child in servers]
         redis_cpu = cpu_seconds(redis_pid) if redis_pid is not None else 0.0
         commands = redis_command_calls(redis) if redis is not None else 0
         client_cpu = own_cpu_seconds()
@@ -317,9 +330,18 @@ async def burst(
         result.wall_s = time.perf_counter() - started
         after = listen_counters()
         result.client_cpu_s = own_cpu_seconds() - client_cpu
-        result.server_cpu_s = sum(cpu_seconds(pid) for pid in pids) - server_cpu
+        result.cpu_by_server = [cpu_seconds(pid) - b for pid, b in zip(pids, cpu_each, strict=True)]
+        result.server_cpu_s = sum(result.cpu_by_server)
+        if redis is not None:
+            result.budget_exchanges = command_calls(redis, "hgetall") - exchanges
         result.judge_cpu_s = cpu_seconds(judge.pid) - judge_cpu
         result.judge_calls = judge_calls(judge) - calls_before
+        result.judge_peak = judge_stats(judge)["max_in_flight"]
+        if not process_pids:
+            result.judge_calls_by_server = [
+                judge_attempts(child) - before
+                for child, before in zip(servers, server_calls, strict=True)
+            ]
         if redis_pid is not None:
             result.redis_cpu_s = cpu_seconds(redis_pid) - redis_cpu
         if redis is not None:
@@ -377,17 +399,54 @@ async def health_counts(url: str) -> dict[str, Any]:
     return counts
 
 
+def judge_passes(settings: Sequence[str]) -> int:
+    """num_judges_per_comparison among the servers' settings (1 unless set)."""
+    passes = 1
+    for setting in settings:
+        key, _, value = setting.partition("=")
+        if key == "num_judges_per_comparison":
+            passes = int(value)
+    return passes
+
+
 def expected_reward(slot: int) -> float:
     """The bodies give slot k the quality 1 + k % 5; circular pairing with the fake judge makes
     that the reward (CL-13)."""
     return float(1 + slot % 5)
 
 
-def judge_calls(judge: Child) -> int:
-    """The fake judge's count of the calls it has served so far."""
+def judge_stats(judge: Child) -> dict[str, Any]:
+    """The fake judge's statistics (calls served, in flight, the most in flight at once)."""
     base = judge.url.rstrip("/").removesuffix("/v1")
     with urllib.request.urlopen(f"{base}/_fake/stats", timeout=30) as reply:
-        return int(json.loads(reply.read())["requests_total"])
+        stats: dict[str, Any] = json.loads(reply.read())
+        return stats
+
+
+def judge_calls(judge: Child) -> int:
+    """The fake judge's count of the calls it has served so far."""
+    return int(judge_stats(judge)["requests_total"])
+
+
+def reset_judge(judge: Child) -> None:
+    base = judge.url.rstrip("/").removesuffix("/v1")
+    request = urllib.request.Request(f"{base}/_fake/reset", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        reply.read()
+
+
+def judge_attempts(server: Child) -> int:
+    """The judge calls a server has started (its /healthz judge_attempts_total)."""
+    with urllib.request.urlopen(f"{server.url.rstrip('/')}/healthz", timeout=30) as reply:
+        return int(json.loads(reply.read())["judge_attempts_total"])
+
+
+def command_calls(redis: RedisServer, command: str) -> int:
+    """How many times Redis has run one command so far (scripts' commands included)."""
+    stats = redis.info("commandstats").get(f"cmdstat_{command}")
+    if stats is None:
+        return 0
+    return int(dict(part.split("=", 1) for part in stats.split(","))["calls"])
 
 
 def redis_command_calls(redis: RedisServer) -> int:
@@ -409,21 +468,29 @@ def run_store(
     split: str,
     tag: str,
     replay: bool = False,
+    settings: Sequence[str] = (),
+    source: str | None = None,
 ) -> list[Result]:
     """One step posted at once on fresh connections to `processes` servers on one store; with
     `replay`, every server is then SIGKILLed, started again on the same store, and the whole step
-    posted again: each reply must be byte for byte the first one, with no judge call."""
+    posted again: each reply must be byte for byte the first one, with no judge call. `source`
+    runs the servers from another source tree (the set-up is then marked "baseline")."""
     store = "memory" if redis is None else "redis"
     setup = f"{store} x{processes}" + (f" ({split})" if processes > 1 else "")
-    bodies = step_bodies(rollouts, tokens, f"{tag}-{store}-{processes}-{split}")
-    sets = []
+    if source is not None:
+        setup += " baseline"
+    bodies = step_bodies(rollouts, tokens, f"{tag}-{store}-{processes}-{split}-{bool(source)}")
+    sets = list(settings)
     if redis is not None:
-        sets = [f"group_store={redis.url}", f"group_store_key_prefix=burst.{tag}.{processes}."]
+        prefix = f"burst.{tag}.{processes}.{'b' if source else 'n'}."
+        sets += [f"group_store={redis.url}", f"group_store_key_prefix={prefix}"]
     results = []
     first: dict[int, bytes] | None = None
     for label in ("", " replayed") if replay and redis is not None else ("",):
         result = Result("fresh", rollouts, tokens, setup=setup + label)
-        servers = [start_server(judge.url, GROUP_SIZE, sets) for _ in range(processes)]
+        servers = [
+            start_server(judge.url, GROUP_SIZE, sets, source=source) for _ in range(processes)
+        ]
         balancer = None
         try:
             if split == "balancer" and processes > 1:
@@ -455,8 +522,10 @@ def run_store(
                 child.stop()
         if first is None:
             first = result.digests
-            if result.judge_calls != rollouts:
-                result.errors[f"judge calls {result.judge_calls} for {rollouts} comparisons"] += 1
+            # Circular pairing: one comparison per rollout, judged once per judge pass.
+            required = rollouts * judge_passes(sets)
+            if result.judge_calls != required:
+                result.errors[f"judge calls {result.judge_calls} for {required} comparisons"] += 1
         else:
             differ = sum(1 for i, d in result.digests.items() if first.get(i) != d)
             if differ:
@@ -653,6 +722,10 @@ STORE_HEADERS = [
     "Redis CPU ms per /verify",
     "Redis commands per /verify",
     "judge calls",
+    "judge calls per server",
+    "server CPU s each",
+    "judge budget exchanges per judge call",
+    "judge peak in flight",
     "peak RSS per server MiB",
 ]
 
@@ -680,13 +753,18 @@ def store_row(result: Result, baseline: Result) -> list[str]:
         *compared_cells(result, baseline),
         f"{result.redis_commands / max(result.rollouts, 1):.1f}",
         f"{result.judge_calls:,}",
+        " / ".join(f"{calls:,}" for calls in result.judge_calls_by_server),
+        " / ".join(f"{cpu:.2f}" for cpu in result.cpu_by_server),
+        f"{result.budget_exchanges / max(result.judge_calls, 1):.2f}",
+        f"{result.judge_peak:,}",
         mib(result.peak_rss),
     ]
 
 
 def store_runs(args: argparse.Namespace, runs: list[tuple[int, int]]) -> int:
-    """Each step on the memory store, then on K servers sharing one Redis, in the same run."""
-    judge = start_fake_judge()
+    """Each step on the memory store, then on K servers sharing one Redis (and from the
+    baseline source tree too, if given), in the same run."""
+    judge = start_fake_judge(*judge_arguments(args))
     redis = RedisServer(appendfsync=args.appendfsync)
     redis.start()
     print(f"Redis {redis.info('server').get('redis_version', '?')}, appendfsync {args.appendfsync}")
@@ -694,23 +772,33 @@ def store_runs(args: argparse.Namespace, runs: list[tuple[int, int]]) -> int:
     try:
         for number, (rollouts, tokens) in enumerate(runs):
             (baseline,) = run_store(
-                judge, None, rollouts, tokens, processes=1, split="client", tag=f"r{number}"
+                judge,
+                None,
+                rollouts,
+                tokens,
+                processes=1,
+                split="client",
+                tag=f"r{number}",
+                settings=args.set,
             )
             rows.append(store_row(baseline, baseline))
             print(table(STORE_HEADERS, [rows[-1]]).splitlines()[-1], flush=True)
             for processes in args.processes:
-                for result in run_store(
-                    judge,
-                    redis,
-                    rollouts,
-                    tokens,
-                    processes=processes,
-                    split=args.split,
-                    tag=f"r{number}",
-                    replay=args.replay,
-                ):
-                    rows.append(store_row(result, baseline))
-                    print(table(STORE_HEADERS, [rows[-1]]).splitlines()[-1], flush=True)
+                for source in (None, args.baseline_source) if args.baseline_source else (None,):
+                    for result in run_store(
+                        judge,
+                        redis,
+                        rollouts,
+                        tokens,
+                        processes=processes,
+                        split=args.split,
+                        tag=f"r{number}",
+                        replay=args.replay,
+                        settings=args.set,
+                        source=source,
+                    ):
+                        rows.append(store_row(result, baseline))
+                        print(table(STORE_HEADERS, [rows[-1]]).splitlines()[-1], flush=True)
     finally:
         judge.stop()
         redis.close()
@@ -718,6 +806,10 @@ def store_runs(args: argparse.Namespace, runs: list[tuple[int, int]]) -> int:
     print(table(STORE_HEADERS, rows))
     print(f"load average after the runs: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     return 0
+
+
+def judge_arguments(args: argparse.Namespace) -> list[str]:
+    return [] if args.judge_latency is None else ["--latency", args.judge_latency]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -732,7 +824,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_parser.add_argument(
         "--baseline-source",
         metavar="DIR",
-        help="also run each fresh-connection burst against the server of another source tree",
+        help="also run each fresh-connection burst (with --group-store redis, the K servers) "
+        "against the server of another source tree",
     )
     args_parser.add_argument(
         "--group-store",
@@ -763,6 +856,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="after each Redis step, SIGKILL the servers, start them again and post the whole "
         "step again: every row must come back byte-identical with no judge call",
+    )
+    args_parser.add_argument(
+        "--judge-latency",
+        metavar="SPEC",
+        help="the fake judge's --latency (default: none), e.g. fixed:0.02",
+    )
+    args_parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting for every server (repeatable), e.g. judge_max_concurrency=32",
     )
     args_parser.add_argument(
         "--workers",

@@ -314,6 +314,12 @@ def test_group_size_must_be_an_integer(tmp_path: Path, text: str, shown: str) ->
             None,
             "invalid configuration: default_principle: must be a string (got null)",
         ),
+        (
+            "judge_process_max_concurrency",
+            0,
+            "invalid configuration: judge_process_max_concurrency: must be an integer >= 1 or "
+            "null (got 0)",
+        ),
     ],
 )
 def test_invalid_value_is_rejected_naming_its_key(key: str, value: Any, line: str) -> None:
@@ -643,6 +649,20 @@ def test_a_group_mean_placeholder_without_groups_is_warned_about() -> None:
     assert config_warnings(config_from_mapping(group_mean)) == []
     baseline = {"num_rollouts_per_prompt": 1, "comparison_strategy": "fixed_baseline"}
     assert config_warnings(config_from_mapping({**group_mean, **baseline})) == []
+
+
+def test_a_process_cap_is_warned_about_when_it_is_not_under_the_budget() -> None:
+    assert config_from_mapping(REQUIRED).process_judge_concurrency == 256
+    under = config_from_mapping({**REQUIRED, "judge_process_max_concurrency": 64})
+    assert under.process_judge_concurrency == 64 and config_warnings(under) == []
+    over = config_from_mapping(
+        {**REQUIRED, "judge_max_concurrency": 8, "judge_process_max_concurrency": 8}
+    )
+    assert over.process_judge_concurrency == 8
+    assert config_warnings(over) == [
+        "judge_process_max_concurrency (8) has no effect: it is not below judge_max_concurrency "
+        "(8), which no process exceeds"
+    ]
 
 
 # --- J-35, I-14: the API key ----------------------------------------------------------------

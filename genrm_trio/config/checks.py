@@ -324,6 +324,7 @@ _CHECKS: dict[str, _Check] = {
     "judge_api": _choice(JudgeApi),
     "judge_api_key": _api_key,
     "judge_max_concurrency": _integer(1),
+    "judge_process_max_concurrency": _nullable_integer(1),
     "judge_base_urls": _judge_base_urls,
     "judge_balance": _choice(JudgeBalance),
     "judge_replica_max_concurrency": _nullable_integer(1),

@@ -221,6 +221,12 @@ def config_warnings(config: Config) -> list[str]:
             "early_judging has no effect with a shared group_store: a group's comparisons "
             "start when its last member is stored"
         )
+    own = config.judge_process_max_concurrency
+    if own is not None and own >= config.judge_max_concurrency:
+        warnings.append(
+            f"judge_process_max_concurrency ({own}) has no effect: it is not below "
+            f"judge_max_concurrency ({config.judge_max_concurrency}), which no process exceeds"
+        )
     if config.masked_reward_placeholder != "zero" and not config.group_mode:
         warnings.append(
             f"masked_reward_placeholder: {config.masked_reward_placeholder} has no effect in "

@@ -44,7 +44,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     listen_backlog: int = 4096
     judge_api: JudgeApi = "chat_completions"
     judge_api_key: str | None = None
+    # With a shared group store, the budget of every process of the deployment together.
     judge_max_concurrency: int = 256
+    judge_process_max_concurrency: int | None = None  # one process's own cap under it
     # Several judge replicas (X-3); None: judge_base_url alone. judge_base_url is then the first.
     judge_base_urls: tuple[str, ...] | None = None
     judge_balance: JudgeBalance = "affinity"
@@ -108,3 +110,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def attempts_per_comparison(self) -> int:
         return self.genrm_parse_retries + 1
+
+    @property
+    def process_judge_concurrency(self) -> int:
+        """Judge attempts one process may have in flight (J-33)."""
+        own = self.judge_process_max_concurrency
+        return self.judge_max_concurrency if own is None else min(own, self.judge_max_concurrency)

@@ -249,6 +249,18 @@ class Statistics(NamedTuple):
         return self.collecting + self.evaluating
 
 
+class GroupCounts(NamedTuple):
+    """The groups of a group store as the server's gauges report them: this process's registry
+    with the memory store, the whole deployment's with a shared one."""
+
+    collecting: int
+    evaluating: int
+    retained_records: int
+    watermarks: int
+    # Age of the oldest group still collecting, in seconds; 0.0 when none collects.
+    oldest_collecting_s: float
+
+
 class InvariantViolation(AssertionError):
     pass
 
@@ -927,6 +939,21 @@ class GroupRegistry:
             owned_tasks=owned_tasks,
             judge_in_flight=judge_in_flight,
             prune_visits=self.prune_visits,
+        )
+
+    def group_counts(self, now: float) -> GroupCounts:
+        """The counts of ``statistics`` the gauges report, and how long the oldest group still
+        collecting has been collecting (a group that never fills shows up here first)."""
+        collecting = evaluating = 0
+        oldest = now
+        for record in self.active.values():
+            if record.phase is Phase.COLLECTING:
+                collecting += 1
+                oldest = min(oldest, record.started_at)
+            else:
+                evaluating += 1
+        return GroupCounts(
+            collecting, evaluating, len(self.terminal_index), len(self.watermarks), now - oldest
         )
 
     def check_invariants(self) -> None:

@@ -433,11 +433,12 @@ def create_app(
     async def healthz() -> Response:
         if engine.closed:
             return _reply(503, health("shutting_down"))
-        await engine.refresh_health()
+        await engine.refresh_counts()
         return _reply(200, health("ok"))
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
+        await engine.refresh_counts()
         if worker_metrics is None:
             body = render_metrics(prometheus)
         else:

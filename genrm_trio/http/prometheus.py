@@ -155,7 +155,8 @@ class EngineCollector(Collector):
         )
         yield _gauge(
             "genrm_judge_concurrency_limit",
-            "judge_max_concurrency: judge attempts allowed in flight at once.",
+            "judge_max_concurrency: judge attempts allowed in flight at once (with a shared "
+            "group store, across every process of the deployment).",
             config.judge_max_concurrency,
         )
         yield from self._replicas()
@@ -166,12 +167,26 @@ class EngineCollector(Collector):
             _by_one(metrics.comparisons, COMPARISON_OUTCOMES),
         )
         stats = engine.statistics()
+        # With a shared store, the deployment's groups (the same at every process).
+        counts = engine.group_counts()
         active = GaugeMetricFamily(
-            "genrm_groups_active", "Groups not yet finished.", labels=["phase"]
+            "genrm_groups_active",
+            "Groups not yet finished, in the group store (a shared store: the deployment's).",
+            labels=["phase"],
         )
-        active.add_metric(["collecting"], stats.collecting)
-        active.add_metric(["evaluating"], stats.evaluating)
+        active.add_metric(["collecting"], counts.collecting)
+        active.add_metric(["evaluating"], counts.evaluating)
         yield active
+        yield _gauge(
+            "genrm_oldest_collecting_group_seconds",
+            "Age of the oldest group still collecting in the group store (0 when none).",
+            counts.oldest_collecting_s,
+        )
+        yield _gauge(
+            "genrm_group_evaluations_running",
+            "Groups this process is judging now.",
+            engine.evaluations_running,
+        )
         finished = dict.fromkeys(DISPOSITIONS, 0)
         finished.update(registry.finished)
         yield _counter(
@@ -195,8 +210,16 @@ class EngineCollector(Collector):
             "From a group's last member to its end of judging.",
             metrics.evaluation_seconds,
         )
-        yield _gauge("genrm_retained_records", "Finished groups retained.", stats.retained_records)
-        yield _gauge("genrm_watermarks", "Group ids with an attempt watermark.", stats.watermarks)
+        yield _gauge(
+            "genrm_retained_records",
+            "Finished groups retained in the group store.",
+            counts.retained_records,
+        )
+        yield _gauge(
+            "genrm_watermarks",
+            "Group ids with an attempt watermark in the group store.",
+            counts.watermarks,
+        )
         yield _gauge("genrm_waiters", "/verify requests waiting for their group.", stats.waiters)
         yield _gauge(
             "genrm_waiting_body_memory_bytes",

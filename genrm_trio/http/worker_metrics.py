@@ -57,15 +57,19 @@ GaugeMode = Literal["livesum", "livemin", "livemax", "livemostrecent"]
 GAUGE_MODES: Final[Mapping[str, GaugeMode]] = {
     "genrm_judge_in_flight": "livesum",
     "genrm_judge_slot_queue": "livesum",
-    # Every worker enforces its own judge_max_concurrency: the server lets N times that reach
-    # the judge, and in flight (a sum) over this sum stays a saturation ratio.
-    "genrm_judge_concurrency_limit": "livesum",
+    # judge_max_concurrency is one budget for every worker (they share the group store), so
+    # every worker reports the same cap: the server's.
+    "genrm_judge_concurrency_limit": "livemax",
     # Each worker ejects a replica on its own failures: 0 as soon as any worker has set it aside.
     "genrm_judge_replica_up": "livemin",
     "genrm_judge_replica_in_flight": "livesum",
-    "genrm_groups_active": "livesum",
-    "genrm_retained_records": "livesum",
-    "genrm_watermarks": "livesum",
+    # Every worker reports the group store's counts, the same numbers read at most one sweep
+    # apart: the freshest is the largest while groups pile up, and a sum would count N times.
+    "genrm_groups_active": "livemax",
+    "genrm_oldest_collecting_group_seconds": "livemax",
+    "genrm_retained_records": "livemax",
+    "genrm_watermarks": "livemax",
+    "genrm_group_evaluations_running": "livesum",
     "genrm_waiters": "livesum",
     "genrm_waiting_body_memory_bytes": "livesum",
     "genrm_waiting_bodies_spooled": "livesum",

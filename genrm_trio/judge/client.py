@@ -1,8 +1,9 @@
 """The judge client: one comparison in, a verdict or a judge failure out.
 
 It runs the attempt loop that attempts.py decides, under one priority concurrency limit per
-server, and reaches the judge only through the transport seam (judge/transport.py): HTTP/1.1
-over the network by default (judge/http11.py), or any transport a test or an embedding hands in.
+server (with a shared group store, slots drawn from the deployment's budget), and reaches the
+judge only through the transport seam (judge/transport.py): HTTP/1.1 over the network by default
+(judge/http11.py), or any transport a test or an embedding hands in.
 With several judge replicas (X-3) each attempt goes where the balancer (judge/balancer.py) says,
 one transport per replica; every attempt is counted in the server's metrics by replica and
 outcome.
@@ -128,6 +129,7 @@ class JudgeClient:
         transport: TransportFactory | None = None,
         rng: random.Random | None = None,
         metrics: ServerMetrics | None = None,
+        slots: JudgeSlots | None = None,
     ) -> None:
         self._config = config
         bases = replica_base_urls(config)
@@ -136,7 +138,8 @@ class JudgeClient:
         self.replica_names = [url_without_userinfo(base).rstrip("/") for base in bases]
         self._api_key = resolve_api_key(config, os.environ)
         self._rng = rng if rng is not None else random.Random()
-        self.slots = JudgeSlots(config.judge_max_concurrency)
+        # A shared group store hands in slots that draw on the deployment's budget.
+        self.slots = slots if slots is not None else JudgeSlots(config.process_judge_concurrency)
         self.balancer = Balancer(
             self.replica_names,
             policy=config.judge_balance,

@@ -12,12 +12,20 @@ first served within one lane. A lane that becomes complete moves its waiting tic
 every collecting group's at once. Without early judging every lane is complete before its first
 comparison starts, so groups are served in the order they became complete, as by one first-in
 first-out queue.
+
+With a shared group store the budget belongs to every process of the deployment
+(runtime/judge_budget.py keeps it in the store): a queue made ``shared`` grants only the slots
+this process holds from it (``held``), and says when the store should hear from it
+(``exchange_due``): attempts waiting ask for more, and a slot held but idle goes back at the next
+exchange. While other processes wait for the budget (``yielding``), a slot freed here goes back
+at once rather than to the next local ticket, so the processes take turns.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from typing import Final
 
 import trio
@@ -68,15 +76,25 @@ class SlotQueue:
     are dropped when they reach the top, as are the entries of cancelled tickets.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, shared: bool = False) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
         self.in_use = 0
         self.waiting = 0
+        # Slots held from the deployment's shared budget; None: the capacity is all there is.
+        self.held: int | None = 0 if shared else None
+        self.yielding = False  # other processes wait for the shared budget
+        self.starved = False  # the shared budget had no slot for the last request
         self._heap: list[tuple[int, int, int, Ticket]] = []
         self._numbers = itertools.count()
         self._orders = itertools.count()
+
+    @property
+    def limit(self) -> int:
+        """How many slots may be in use now."""
+        held = self.held
+        return self.capacity if held is None else min(self.capacity, held)
 
     def lane(self, *, complete: bool) -> Lane:
         """A new lane, ranked after every lane that entered the same class before it."""
@@ -91,8 +109,9 @@ class SlotQueue:
             heapq.heappush(self._heap, (*lane.rank, ticket.number, ticket))
 
     def try_acquire(self) -> bool:
-        """Take a free slot at once; only when nobody waits, so nothing is overtaken."""
-        if self.in_use < self.capacity and not self.waiting:
+        """Take a free slot at once; only when nobody waits, so nothing is overtaken (here, or
+        in another process waiting for the shared budget)."""
+        if self.in_use < self.limit and not self.waiting and not self.yielding:
             self.in_use += 1
             return True
         return False
@@ -105,8 +124,11 @@ class SlotQueue:
         return ticket
 
     def release(self) -> Ticket | None:
-        """Give a slot back; the ticket it now goes to, if any, must be woken."""
+        """Give a slot back; the ticket it now goes to, if any, must be woken. While other
+        processes wait for the shared budget it goes to none here: it goes back to the budget."""
         self.in_use -= 1
+        if self.yielding:
+            return None
         return self._grant()
 
     def cancel(self, ticket: Ticket) -> Ticket | None:
@@ -120,9 +142,49 @@ class SlotQueue:
             self.waiting -= 1
         return None
 
+    # ---- the shared budget (a shared queue only) ---------------------------------------
+
+    @property
+    def exchange_due(self) -> bool:
+        """Whether the shared budget should hear from this process now: a slot held but idle
+        while others wait there, attempts waiting that it has not been asked for, or a request
+        of the last exchange that nobody here needs any more. An idle slot nobody else waits
+        for stays until the next exchange, so the next attempt here takes it without asking."""
+        held = self.held
+        if held is None:
+            return False
+        if held > self.in_use:
+            return self.yielding
+        if self.waiting:
+            return held < self.capacity and not self.starved
+        return self.starved
+
+    def begin_exchange(self) -> tuple[int, int]:
+        """(slots to keep, slots to ask for): the idle ones go back. They count as given back
+        from now on, whatever becomes of the exchange: the store then counts more slots for
+        this process than it uses, never fewer."""
+        self.held = self.in_use
+        self.starved = False
+        return self.in_use, min(self.capacity - self.in_use, self.waiting)
+
+    def end_exchange(self, asked: int, granted: int, others_waiting: bool) -> list[Ticket]:
+        """The budget's answer: the tickets the granted slots go to, which must be woken."""
+        assert self.held is not None
+        self.held += granted
+        self.yielding = others_waiting
+        self.starved = granted < asked
+        tickets = []
+        while (ticket := self._grant()) is not None:
+            tickets.append(ticket)
+        return tickets
+
+    def exchange_failed(self, asked: int) -> None:
+        """The store did not answer: ask again at the next wake-up, not at once."""
+        self.starved = asked > 0
+
     def _grant(self) -> Ticket | None:
         heap = self._heap
-        while heap and self.in_use < self.capacity:
+        while heap and self.in_use < self.limit:
             group_class, order, _, ticket = heapq.heappop(heap)
             if ticket.state != _WAITING or ticket.lane.rank != (group_class, order):
                 continue  # cancelled, or left behind by a promotion
@@ -137,8 +199,10 @@ class SlotQueue:
 class JudgeSlots:
     """The Trio side of ``SlotQueue``: wait for a slot in a lane, give it back."""
 
-    def __init__(self, capacity: int) -> None:
-        self.queue = SlotQueue(capacity)
+    def __init__(self, capacity: int, *, shared: bool = False) -> None:
+        self.queue = SlotQueue(capacity, shared=shared)
+        # Called when the shared budget should hear from this process (set by its keeper).
+        self.exchange_due: Callable[[], None] | None = None
 
     @property
     def in_use(self) -> int:
@@ -159,16 +223,28 @@ class JudgeSlots:
             return False
         ticket = queue.enqueue(lane)
         ticket.wake = trio.Event()
+        self._tell_budget()
         try:
             await ticket.wake.wait()
         except BaseException:
             # Cancelled while waiting, or after the grant but before running again.
             _wake(queue.cancel(ticket))
+            self._tell_budget()
             raise
         return True
 
     def release(self) -> None:
         _wake(self.queue.release())
+        self._tell_budget()
+
+    def granted(self, tickets: list[Ticket]) -> None:
+        """Wake the tickets that slots from the shared budget went to."""
+        for ticket in tickets:
+            _wake(ticket)
+
+    def _tell_budget(self) -> None:
+        if self.exchange_due is not None and self.queue.exchange_due:
+            self.exchange_due()
 
 
 def _wake(ticket: Ticket | None) -> None:

@@ -25,6 +25,7 @@ from genrm_trio.core.groups import (
     BeginEvaluation,
     CancelGroup,
     Effect,
+    GroupCounts,
     GroupInputs,
     GroupRegistry,
     MemberTexts,
@@ -47,7 +48,7 @@ from genrm_trio.core.texts import (
 )
 from genrm_trio.core.verdicts import Verdict
 from genrm_trio.judge.client import JudgeClient, JudgeFailure, JudgeTask
-from genrm_trio.judge.slots import Lane
+from genrm_trio.judge.slots import JudgeSlots, Lane
 from genrm_trio.judge.transport import TransportFactory
 from genrm_trio.runtime.hooks import Hooks, call_hook
 
@@ -125,11 +126,14 @@ class Engine:
         *,
         judge_transport: TransportFactory | None = None,
         hooks: Hooks | None = None,
+        judge_slots: JudgeSlots | None = None,
     ) -> None:
         self.config = config
         self.hooks = hooks or Hooks()
         self.metrics = ServerMetrics()
-        self.judge = JudgeClient(config, transport=judge_transport, metrics=self.metrics)
+        self.judge = JudgeClient(
+            config, transport=judge_transport, metrics=self.metrics, slots=judge_slots
+        )
         self.registry = GroupRegistry(config, log=log.log)
         self.counters = Counters()
         self.metrics.fingerprint_seconds = self.counters.fingerprint_seconds
@@ -480,8 +484,18 @@ class Engine:
         """Where groups live, and whether that store answered its last use."""
         return "memory", True
 
-    async def refresh_health(self) -> None:
-        """Bring the figures of ``health`` up to date (a shared store is asked for its own)."""
+    async def refresh_counts(self) -> None:
+        """Bring ``group_counts`` and ``health`` up to date (a shared store is asked for its
+        own); /healthz and /metrics call it before they answer."""
+
+    def group_counts(self) -> GroupCounts:
+        """The groups of the store this server uses, for its gauges."""
+        return self.registry.group_counts(trio.current_time())
+
+    @property
+    def evaluations_running(self) -> int:
+        """Groups this process is judging now."""
+        return self.statistics().evaluating
 
     def health(self) -> Mapping[str, int]:
         stats = self.statistics()

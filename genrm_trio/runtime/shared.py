@@ -26,6 +26,7 @@ from genrm_trio.core.groups import (
     Answer,
     Arrival,
     Decision,
+    GroupCounts,
     GroupRegistry,
     Outcome,
     Phase,
@@ -42,9 +43,11 @@ from genrm_trio.core.pairs import Comparison
 from genrm_trio.core.server_metrics import verify_label
 from genrm_trio.core.verdicts import Verdict
 from genrm_trio.judge.client import JudgeFailure
+from genrm_trio.judge.slots import JudgeSlots
 from genrm_trio.judge.transport import TransportFactory
 from genrm_trio.runtime.engine import Engine, MemberRequest, _first_error
 from genrm_trio.runtime.hooks import Hooks, call_hook
+from genrm_trio.runtime.judge_budget import SharedJudgeBudget
 from genrm_trio.store.records import StoreMeta
 from genrm_trio.store.redis_store import (
     RedisGroupStore,
@@ -56,6 +59,11 @@ from genrm_trio.store.redis_store import (
 from genrm_trio.store.resp import StoreUnavailable
 
 log = logging.getLogger("genrm_trio")
+
+# An offered group: a process judging n groups claims it after n steps (at most half the wait),
+# the offering process after the whole wait, if nobody has by then.
+OFFER_STEP_S = 0.002
+OFFER_WAIT_S = 0.05
 
 
 class SharedEngine(Engine):
@@ -71,8 +79,13 @@ class SharedEngine(Engine):
         poll_s: float = 1.0,
         notifications: bool = True,
     ) -> None:
-        super().__init__(config, judge_transport=judge_transport, hooks=hooks)
+        slots = JudgeSlots(config.process_judge_concurrency, shared=True)
+        super().__init__(config, judge_transport=judge_transport, hooks=hooks, judge_slots=slots)
         self.store = store
+        # judge_max_concurrency holds for the whole deployment: slots come from the store.
+        self.judge_budget = SharedJudgeBudget(
+            store, slots, config.judge_max_concurrency, poll_s=poll_s
+        )
         self.poll_s = poll_s
         self.notifications = notifications
         self._closed = False
@@ -82,7 +95,10 @@ class SharedEngine(Engine):
         # stale one and a newer one of the same record (it took its own group over).
         self._evaluations: dict[tuple[str, int], trio.CancelScope] = {}
         self._queued: dict[str, list[_Arriving]] = {}  # group -> arrivals for its next batch
-        self._store_counts: dict[str, int] | None = None
+        self._store_counts: GroupCounts | None = None  # the deployment's, as last read
+        self._counted = False  # the last attempt to read them succeeded
+        self._processes = 0  # processes following the store's notifications, as last read
+        self.offers = 0  # groups this process filled and offered to a less loaded one
         self.claims = 0  # evaluations this process claimed (at the fill, or by taking over)
         self.published = 0  # outcomes it stored
         self.refused = 0  # results the fence refused: another claim had come since
@@ -96,6 +112,7 @@ class SharedEngine(Engine):
             if self.notifications:
                 nursery.start_soon(self._listen)
             nursery.start_soon(self._sweep)
+            nursery.start_soon(self.judge_budget.run)
             task_status.started()
             await self._stopped.wait()
             nursery.cancel_scope.cancel()
@@ -125,6 +142,7 @@ class SharedEngine(Engine):
 
     async def _close_connections(self) -> None:
         await super()._close_connections()
+        await self.judge_budget.give_back()
         await self.store.aclose()
 
     # ---- /verify -------------------------------------------------------------------------------
@@ -227,6 +245,7 @@ class SharedEngine(Engine):
 
     async def _apply_batch(self, ref: str, batch: list[_Arriving]) -> None:
         def step(tx: Transaction[Any]) -> list[Decision]:
+            tx.hand_over = self._hand_over_load()
             decisions = []
             for arriving in batch:
                 assert arriving.arrival is not None
@@ -321,6 +340,10 @@ class SharedEngine(Engine):
                 for (rid, _), scope in self._evaluations.items():
                     if rid == _rid(finished):
                         scope.cancel()
+        if tx.offered is not None and not self._closed:
+            # Claimed back if no less loaded process has taken it meanwhile.
+            self.offers += 1
+            self._spawn(self._claim_offer, record_ref(tx.offered), OFFER_WAIT_S)
         if tx.claimed is not None and not self._closed:
             self.claims += 1
             # Listed at once, not when the task first runs: the evaluation is this process's
@@ -341,18 +364,34 @@ class SharedEngine(Engine):
             except StoreUnavailable:
                 await trio.sleep(self.poll_s)
                 continue
+            budget = self.judge_budget.channel.encode()
+            offers = self.store.offers_channel.encode()
             try:
-                await connection.pipeline([["SUBSCRIBE", self.store.channel]])
+                await connection.pipeline(
+                    [
+                        ["SUBSCRIBE", self.store.channel],
+                        ["SUBSCRIBE", budget],
+                        ["SUBSCRIBE", offers],
+                    ]
+                )
                 self.subscribed = True
+                self.judge_budget.notified()
                 await self._poll_waiters()
                 while True:
                     message = await connection.receive()
-                    if isinstance(message, list) and message and message[0] == b"message":
+                    if not (isinstance(message, list) and message and message[0] == b"message"):
+                        continue
+                    if message[1] == budget:
+                        self.judge_budget.notified()
+                    elif message[1] == offers:
+                        self._offered(message[2].decode())
+                    else:
                         rid = message[2].decode()
                         copies = self.hooks.on_notification
                         for _ in range(1 if copies is None else copies(rid)):
                             if rid in self.watched_records():
-                                for record in (await self.store.finished_records([rid])).values():
+                                finished = await self.store.finished_records([rid])
+                                for record in finished.values():
                                     self._ended_elsewhere(record)
             except (StoreUnavailable, StoreFailed):
                 self.subscribed = False
@@ -382,11 +421,13 @@ class SharedEngine(Engine):
                 scope.cancel()
 
     async def _sweep(self) -> None:
-        """Every poll interval: waiters' outcomes, expired collections, expired leases."""
+        """Every poll interval: waiters' outcomes, expired collections, expired leases, and the
+        deployment's group counts for the gauges."""
         while True:
             await trio.sleep(self.poll_s)
             try:
                 await self.sweep_once()
+                await self.refresh_counts()
             except StoreFailed as exc:
                 log.debug("GenRM group store sweep failed: %s", exc)
             except Exception as exc:
@@ -436,8 +477,8 @@ class SharedEngine(Engine):
                 tx.registry.collection_expired(record, tx.now)
 
     def _take_over(self, tx: Transaction[Any]) -> None:
-        """An evaluation whose owner stopped renewing its lease: claim it, or fail it if its
-        evaluation deadline has passed meanwhile."""
+        """An evaluation whose owner stopped renewing its lease, or one offered and not yet
+        claimed: claim it, or fail it if its evaluation deadline has passed meanwhile."""
         record = tx.loaded
         if record is None or record.phase is not Phase.EVALUATING:
             return
@@ -448,11 +489,48 @@ class SharedEngine(Engine):
         if meta.evaluation_due <= tx.now:
             tx.registry.evaluation_deadline(record, 0, tx.now)
             return
-        log.warning(
-            "GenRM took over the evaluation of key='%s' after its owner's lease expired",
-            messages.log_key(record.key),
-        )
+        offered = meta.fence == 0
         tx.claim(record, self.store.lease_s)
+        if offered:
+            return
+        # Among processes racing for the same expired lease, only the one whose EXEC applies
+        # logs it: the transaction's logs are emitted once it is stored.
+        tx.logs.append(
+            (
+                logging.WARNING,
+                f"GenRM took over the evaluation of key='{messages.log_key(record.key)}' "
+                "after its owner's lease expired",
+                {},
+            )
+        )
+
+    # ---- where groups are judged ---------------------------------------------------------
+
+    def _hand_over_load(self) -> int | None:
+        """This process's evaluations running, when it judges more groups than its share of
+        the deployment's (by the last count): a group it fills is then offered to a process
+        judging fewer. None: it judges the group itself."""
+        counts = self._store_counts
+        mine = len(self._evaluations)
+        if not self.notifications or counts is None or self._processes < 2 or mine < 1:
+            return None
+        return mine if mine > counts.evaluating / self._processes else None
+
+    def _offered(self, message: str) -> None:
+        """Another process offers a group it filled: claim it if this process judges fewer
+        groups, the sooner the fewer it judges, so the least loaded one gets it."""
+        load, _, ref = message.partition(" ")
+        mine = len(self._evaluations)
+        if self._closed or mine >= int(load):
+            return
+        self._spawn(self._claim_offer, ref, min(OFFER_STEP_S * mine, OFFER_WAIT_S / 2))
+
+    async def _claim_offer(self, ref: str, delay_s: float) -> None:
+        await trio.sleep(delay_s)
+        try:
+            await self._sweep_group(ref, self._take_over)
+        except StoreFailed:
+            pass  # a sweep claims it once the store answers again
 
     # ---- evaluation (owner) ----------------------------------------------------------------
 
@@ -633,23 +711,37 @@ class SharedEngine(Engine):
     def store_status(self) -> tuple[str, bool]:
         return self.store.name, self.store.available
 
-    async def refresh_health(self) -> None:
+    async def refresh_counts(self) -> None:
         """Count the deployment's groups in the store; this doubles as a reachability check."""
         try:
-            self._store_counts = await self.store.counts()
+            self._store_counts, self._processes = await self.store.counts()
         except StoreFailed:
-            self._store_counts = None
+            self._counted = False
+        else:
+            self._counted = True
+
+    def group_counts(self) -> GroupCounts:
+        """The deployment's groups as the store counted them last (at the last sweep, health
+        check or scrape): the same at every process. Kept while the store is unreachable."""
+        return self._store_counts or GroupCounts(0, 0, 0, 0, 0.0)
+
+    @property
+    def evaluations_running(self) -> int:
+        return len(self._evaluations)
 
     def health(self) -> Mapping[str, int]:
-        """The deployment's groups as the store counted them at the last health check (this
+        """The deployment's groups as the store counted them at this health check (this
         process's own evaluations while the store is unreachable), and this process's judge."""
-        counts = self._store_counts or {
-            "active_groups": len(self._evaluations),
-            "retained_records": 0,
-            "watermarks": 0,
-        }
+        counts = self._store_counts
+        if counts is None or not self._counted:
+            active, retained, watermarks = len(self._evaluations), 0, 0
+        else:
+            active = counts.collecting + counts.evaluating
+            retained, watermarks = counts.retained_records, counts.watermarks
         return {
-            **counts,
+            "active_groups": active,
+            "retained_records": retained,
+            "watermarks": watermarks,
             "judge_in_flight": self.judge.in_flight,
             "judge_attempts_total": self.judge.attempts_total,
         }
@@ -713,6 +805,10 @@ async def check_store_invariants(store: RedisGroupStore, config: Config) -> Grou
         raise AssertionError(f"terminal set {sorted(terminal)} != records {sorted(expected)}")
     if await live("idle") != set(registry.idle_order.keys()):
         raise AssertionError("idle set != idle watermarks")
+    legacy_active = {m.decode() for m in await store.call("SMEMBERS", store.legacy_active)}
+    active_legacy = {ref for ref, r in records.items() if r.group_id is None and r.phase.active}
+    if legacy_active != active_legacy:
+        raise AssertionError(f"legacy-active set {sorted(legacy_active)} != active legacy records")
     return registry
 
 

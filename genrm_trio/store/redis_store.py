@@ -27,7 +27,7 @@ import trio
 
 from genrm_trio.config import Config
 from genrm_trio.core.critical import critical_section
-from genrm_trio.core.groups import GroupRegistry, Phase, Record
+from genrm_trio.core.groups import GroupCounts, GroupRegistry, Phase, Record
 from genrm_trio.store.records import (
     StoreMeta,
     decode_record,
@@ -161,6 +161,10 @@ class Transaction(Generic[T]):
     claimed: Record | None = None  # a record whose evaluation this transaction claimed
     finished: Record | None = None  # the loaded record, if this transaction ended it
     result: T | None = None
+    # Set by the step: a record this transaction fills is offered to the other processes
+    # instead of claimed, and this is the offering process's load (its evaluations running).
+    hand_over: int | None = None
+    offered: Record | None = None  # the record this transaction offered
 
     def claim(self, record: Record, lease_s: float) -> None:
         """Take the record's evaluation: a new fencing token and a lease from now."""
@@ -194,9 +198,12 @@ class RedisGroupStore:
         # and reopen them as its transactions come and go.
         self.client = Client(address, max_idle=DEFAULT_MAX_CONNECTIONS)
         self.channel = f"{prefix}outcomes"
+        self.offers_channel = f"{prefix}offers"  # evaluations offered to another process
         self._terminal = f"{prefix}terminal"
         self._idle = f"{prefix}idle"
         self._legacy_done = f"{prefix}legacy-done"
+        # Active legacy groups: they have no watermark, so the watermark count leaves them out.
+        self.legacy_active = f"{prefix}legacy-active"
         self.due_set = f"{prefix}collection-due"
         self.lease_set = f"{prefix}leases"
         self.transactions = 0
@@ -414,7 +421,13 @@ class RedisGroupStore:
             if record.phase is Phase.EVALUATING and meta.lease_until is None:
                 # The move to evaluating and the claim of the evaluation are one transition.
                 meta.evaluation_due = now + self.config.cohort_evaluation_timeout_s
-                tx.claim(record, self.lease_s)
+                if tx.hand_over is None:
+                    tx.claim(record, self.lease_s)
+                else:
+                    # Offered: no owner yet (fencing token 0), a lease that has already run
+                    # out, so any process may claim it as it takes over an expired one.
+                    meta.lease_until = now
+                    tx.offered = record
         finished = tx.finished
         record_after = encode_record(record) if record is not None else None
         key = self.record_key(ref)
@@ -442,11 +455,16 @@ class RedisGroupStore:
                     writes.append(["ZADD", self.lease_set, meta.lease_until, ref])
                 else:
                     writes.append(["ZREM", self.lease_set, ref])
+                if group_id is None:
+                    writes.append(
+                        ["SADD" if record.phase.active else "SREM", self.legacy_active, ref]
+                    )
             if record is None:
                 writes += [
                     ["ZREM", self._terminal, ref],
                     ["ZREM", self.due_set, ref],
                     ["ZREM", self.lease_set, ref],
+                    ["SREM", self.legacy_active, ref],
                 ]
         if group_id is not None:
             mark = registry.watermarks.get(group_id)
@@ -472,6 +490,8 @@ class RedisGroupStore:
                     writes.append(["ZREM", self._legacy_done, legacy_key or ""])
                 else:
                     writes.append(["ZADD", self._legacy_done, stamped, legacy_key or ""])
+        if tx.offered is not None:
+            writes.append(["PUBLISH", self.offers_channel, f"{tx.hand_over} {ref}"])
         if finished is not None:
             # Waiters in every process read the finished record here (it may be superseded,
             # retired or evicted from its own key by then), after the EXEC that stored it.
@@ -505,33 +525,60 @@ class RedisGroupStore:
         replies = await self.call("MGET", *[self.outcome_key(rid) for rid in rids])
         return {rid: decode_record(data) for rid, data in zip(rids, replies, strict=True) if data}
 
-    async def due(self, sorted_set: str, limit: int = 256) -> list[str]:
-        """Groups whose collection deadline or evaluation lease has passed (store clock)."""
-        args: list[Arg] = [limit]
-        if self.clock is not None:
-            args.append(repr(self.clock()))
-        command = _DUE_SCRIPT.command([sorted_set], args)
+    async def run_script(self, script: Script, keys: list[Arg], args: list[Arg]) -> Any:
+        """Run a script by EVALSHA; loaded first if the server does not know it."""
+        command = script.command(keys, args)
         replies = await self.pipeline([command])
         if Script.missing(replies[0]):
-            _, replies[0] = await self.pipeline([["SCRIPT", "LOAD", _DUE_SCRIPT.text], command])
+            _, replies[0] = await self.pipeline([["SCRIPT", "LOAD", script.text], command])
         if isinstance(replies[0], ServerError):
             raise self._failed(replies[0])
-        return [member.decode() for member in replies[0]]
+        return replies[0]
 
-    async def counts(self) -> dict[str, int]:
-        """Active groups, retained records and watermarks of this deployment (/healthz)."""
-        collecting, evaluating, retained, idle = await self.pipeline(
-            [
-                ["ZCARD", self.due_set],
-                ["ZCARD", self.lease_set],
-                ["ZCARD", self._terminal],
-                ["ZCARD", self._idle],
-            ]
-        )
-        active = collecting + evaluating
-        # An explicit group has a watermark while it is active or idle; legacy groups have none,
-        # so this counts active legacy groups too: close enough for a health figure.
-        return {"active_groups": active, "retained_records": retained, "watermarks": idle + active}
+    def clock_args(self) -> list[Arg]:
+        """A script's optional last argument: the harness's clock, else nothing (the script
+        reads the store's TIME)."""
+        return [] if self.clock is None else [repr(self.clock())]
+
+    async def due(self, sorted_set: str, limit: int = 256) -> list[str]:
+        """Groups whose collection deadline or evaluation lease has passed (store clock)."""
+        members = await self.run_script(_DUE_SCRIPT, [sorted_set], [limit, *self.clock_args()])
+        return [member.decode() for member in members]
+
+    async def counts(self) -> tuple[GroupCounts, int]:
+        """The deployment's groups by phase, retained records and watermarks, and the age of
+        its oldest group still collecting: read from the sets every transition keeps (each
+        O(1) or O(log n)), in one round trip; and how many processes follow the outcomes
+        channel (the deployment's processes that take notifications)."""
+        commands: list[list[Arg]] = [
+            ["ZCARD", self.due_set],
+            ["ZCARD", self.lease_set],
+            ["ZCARD", self._terminal],
+            ["ZCARD", self._idle],
+            ["SCARD", self.legacy_active],
+            ["ZRANGE", self.due_set, 0, 0, "WITHSCORES"],
+            ["PUBSUB", "NUMSUB", self.channel],
+        ]
+        if self.clock is None:
+            commands.append(["TIME"])
+        replies = await self.pipeline(commands)
+        for reply in replies:
+            if isinstance(reply, ServerError):
+                raise self._failed(reply)
+        collecting, evaluating, retained, idle, legacy, first_due, (_, listening) = replies[:7]
+        if self.clock is None:
+            seconds, micros = replies[7]
+            now = int(seconds) + int(micros) / 1e6
+        else:
+            now = self.clock()
+        oldest = 0.0
+        if first_due:
+            # Its collection deadline was set at its start, cohort_collection_timeout_s later.
+            started = float(first_due[1]) - self.config.cohort_collection_timeout_s
+            oldest = max(0.0, now - started)
+        # An explicit group has a watermark while it is active and while it is idle.
+        watermarks = idle + collecting + evaluating - legacy
+        return GroupCounts(collecting, evaluating, retained, watermarks, oldest), int(listening)
 
     async def time(self) -> float:
         if self.clock is not None:

@@ -336,28 +336,31 @@ class _Connection:
         if not reply.tracked:
             await self.respond(reply)
             return True
-        cancelled = True
+        ended = False
         try:
             if reply.kind == "hang":
                 await self.wait_for_peer_to_leave()
                 return False
             if await self.sleep_unless_peer_leaves(reply.delay_s):
                 return False
+            # The call ends when its reply is ready, before it is written (as in the other
+            # adapters): a caller that has read the reply may send its next call before this
+            # task runs again, and the judge would count both in flight at once.
+            ended = True
+            self.judge.end_request(reply, cancelled=False)
             if reply.kind == "close":
-                cancelled = False
                 return False
             if reply.kind == "truncate":
                 await self.send(_h11_response(reply, len(reply.body)))
                 await self.send(h11.Data(data=reply.body[: reply.sent_bytes]))
-                cancelled = False
                 return False
             await self.respond(reply)
-            cancelled = False
             return True
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return False
         finally:
-            self.judge.end_request(reply, cancelled=cancelled)
+            if not ended:
+                self.judge.end_request(reply, cancelled=True)
 
     async def serve(self) -> None:
         while True:

@@ -632,3 +632,28 @@ async def test_a_process_killed_with_a_burst_in_flight_costs_no_wrong_row(
     assert again == replies
     assert deployment.judge_stats()["requests_total"] == calls
     deployment.stop_all()
+
+
+async def test_two_processes_never_send_the_judge_more_than_judge_max_concurrency(
+    cli: Any, redis_server: RedisServer
+) -> None:
+    # Each call takes a moment, so calls overlap and the judge counts how many at once.
+    deployment = Deployment(cli, redis_server, "--latency", "fixed:0.05")
+    budget = "judge_max_concurrency=8"
+    a, b = deployment.start(None, budget), deployment.start(None, budget)
+    # Every member of a group to one process, the groups alternating: each process judges 16
+    # groups (256 comparisons), enough to fill 8 slots of its own many times over.
+    groups = [f"budget{g}" for g in range(32)]
+    posts = [
+        ((a, b)[g % 2], body(group, slot)) for g, group in enumerate(groups) for slot in range(16)
+    ]
+    replies, _ = await post_burst(posts)
+    for (_, payload), (status, row) in zip(posts, replies, strict=True):
+        assert_scored(payload["_ng_group_id"], payload["_ng_rollout_index"], status, row)
+    stats = deployment.judge_stats()
+    assert stats["requests_total"] == len(groups) * GROUP_SIZE
+    assert stats["max_in_flight"] == 8  # the budget was used, and never more
+    # Both judged (a group filled at one may be offered to the other, judging fewer).
+    attempts = [deployment.health(p)[1]["judge_attempts_total"] for p in (a, b)]
+    assert sum(attempts) == 512 and min(attempts) > 0
+    deployment.stop_all()

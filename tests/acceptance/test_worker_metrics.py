@@ -187,8 +187,8 @@ async def test_one_worker_scrape_counts_the_whole_server_and_a_dead_worker_only_
     assert total(whole, "genrm_judge_attempt_duration_seconds_count") == GROUP_SIZE
     assert value(whole, "genrm_judge_slot_wait_seconds_count") == GROUP_SIZE
     assert value(whole, "genrm_workers_up") == 2
-    # Each worker holds its own judge_max_concurrency slots: the server holds twice as many.
-    assert value(whole, "genrm_judge_concurrency_limit") == 2 * JUDGE_CONCURRENCY
+    # judge_max_concurrency is one budget for both workers: the server's cap is the setting.
+    assert value(whole, "genrm_judge_concurrency_limit") == JUDGE_CONCURRENCY
     assert value(whole, "genrm_judge_in_flight") == 0
     assert value(whole, "genrm_waiters") == 0
     # Every series of a server alone is there, with its labels and no worker label.

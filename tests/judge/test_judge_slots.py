@@ -211,3 +211,83 @@ async def test_a_waiter_cancelled_after_its_grant_gives_the_slot_to_the_next(
     assert got == ["second"]
     assert not second_scope.cancelled_caught
     assert slots.in_use == 0 and slots.queue.waiting == 0
+
+
+# ---- a queue drawing on a budget shared by several processes ---------------------------------
+
+
+def test_a_shared_queue_grants_only_the_slots_it_holds() -> None:
+    queue = SlotQueue(4, shared=True)
+    assert not queue.exchange_due and not queue.try_acquire()
+    lane = queue.lane(complete=True)
+    tickets = [queue.enqueue(lane) for _ in range(6)]
+    assert queue.exchange_due
+    # It asks for what waits here, up to its own cap; the budget gives 3 of the 4.
+    assert queue.begin_exchange() == (0, 4)
+    assert queue.end_exchange(4, 3, others_waiting=False) == tickets[:3]
+    assert (queue.in_use, queue.waiting) == (3, 3)
+    assert queue.starved and not queue.exchange_due  # no asking again until told
+
+
+def test_a_shared_queue_passes_a_freed_slot_on_here_unless_others_wait_for_the_budget() -> None:
+    queue = SlotQueue(2, shared=True)
+    lane = queue.lane(complete=True)
+    first = [queue.enqueue(lane) for _ in range(2)]
+    queue.begin_exchange()
+    assert queue.end_exchange(2, 2, others_waiting=False) == first
+    nxt = queue.enqueue(lane)
+    assert queue.release() is nxt  # nobody waits elsewhere: no round trip to the store
+    assert not queue.exchange_due
+    queue.begin_exchange()
+    queue.end_exchange(1, 0, others_waiting=True)
+    later = queue.enqueue(lane)
+    assert queue.release() is None  # others wait: the slot goes back to the budget
+    assert queue.exchange_due and queue.begin_exchange() == (1, 1)
+    assert not queue.try_acquire()  # nor does a newcomer take it meanwhile
+    assert queue.end_exchange(1, 1, others_waiting=False) == [later]
+
+
+def test_a_shared_queue_gives_back_idle_slots_and_withdraws_a_request_nobody_needs() -> None:
+    queue = SlotQueue(4, shared=True)
+    lane = queue.lane(complete=True)
+    tickets = [queue.enqueue(lane) for _ in range(3)]
+    queue.begin_exchange()
+    queue.end_exchange(3, 2, others_waiting=False)
+    assert queue.starved and not queue.exchange_due
+    queue.cancel(tickets[2])  # the one still waiting leaves: the budget's line must hear it
+    assert queue.exchange_due and queue.begin_exchange() == (2, 0)
+    queue.end_exchange(0, 0, others_waiting=False)
+    # An idle slot stays until the next exchange: a newcomer takes it at once, without asking.
+    assert queue.release() is None and not queue.exchange_due
+    assert queue.held == 2 and queue.try_acquire()
+    queue.release()
+    assert queue.begin_exchange() == (1, 0) and queue.held == 1  # then it goes back
+    # While others wait for the budget, an idle slot goes back at once.
+    queue.end_exchange(0, 0, others_waiting=True)
+    assert queue.release() is None and queue.exchange_due
+
+
+def test_a_shared_queue_keeps_the_priority_order_of_its_tickets() -> None:
+    queue = SlotQueue(8, shared=True)
+    collecting = queue.lane(complete=False)
+    complete = queue.lane(complete=True)
+    early = [queue.enqueue(collecting) for _ in range(2)]
+    late = [queue.enqueue(complete) for _ in range(2)]
+    queue.begin_exchange()
+    assert queue.end_exchange(4, 3, others_waiting=False) == [*late, early[0]]
+
+
+def test_a_failed_exchange_asks_again_only_at_the_next_wake_up() -> None:
+    queue = SlotQueue(2, shared=True)
+    queue.enqueue(queue.lane(complete=True))
+    asked = queue.begin_exchange()[1]
+    queue.exchange_failed(asked)
+    assert not queue.exchange_due
+    queue.starved = False  # what the keeper does on its timer or a notification
+    assert queue.exchange_due
+
+
+def test_an_unshared_queue_never_asks_anyone() -> None:
+    queue = full_queue(2)
+    queue.enqueue(queue.lane(complete=True))
+    assert queue.held is None and not queue.exchange_due

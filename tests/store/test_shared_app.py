@@ -4,6 +4,7 @@ the app, /healthz reporting the store, and the 503 that names it while it is dow
 from __future__ import annotations
 
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
 from genrm_trio.testing.harness import Reply, Server, member, running_server
@@ -135,3 +136,55 @@ async def test_group_mean_placeholders_replay_the_same_bytes_from_the_store(
     async with running_server({**settings, "masked_reward_placeholder": "zero"}, judge=judge) as c:
         assert [(await c.verify(body)).raw for body in bodies] == [first[i].raw for i in range(4)]
     assert judge.stats()["requests_total"] == calls
+
+
+def gauges(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        if family.type == "gauge"
+        for sample in family.samples
+    }
+
+
+async def test_every_process_reports_the_deployment_s_groups_and_a_stuck_one(
+    redis_server: RedisServer,
+) -> None:
+    judge = FakeJudge()
+    settings = {"group_store": redis_server.url, "group_store_poll_s": 0.05}
+    async with (
+        running_server(settings, judge=judge) as a,
+        running_server(settings, judge=judge) as b,
+    ):
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(a.verify, member(0, 4, g="done"))
+                nursery.start_soon(b.verify, member(1, 2, g="done"))
+            async with trio.open_nursery() as nursery:
+                # A group whose second member never comes, and a legacy group (no watermark)
+                # collecting as well; both clients give up, the groups stay.
+                stuck = a.start_verify(nursery, member(0, 4, g="stuck"))
+                legacy = b.start_verify(nursery, member(0, 4, None, None, _ng_task_index=7))
+                while (await a.get("/healthz")).body["active_groups"] < 2:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+                first = [gauges((await s.client.get("/metrics")).text) for s in (a, b)]
+                await trio.sleep(0.1)
+                later = [gauges((await s.client.get("/metrics")).text) for s in (a, b)]
+                stuck.disconnect()
+                legacy.disconnect()
+        for seen in (*first, *later):
+            assert seen[("genrm_groups_active", (("phase", "collecting"),))] == 2
+            assert seen[("genrm_groups_active", (("phase", "evaluating"),))] == 0
+            assert seen[("genrm_retained_records", ())] == 1
+            assert seen[("genrm_watermarks", ())] == 2  # "done" and "stuck"
+            assert seen[("genrm_group_evaluations_running", ())] == 0
+        # The stuck group ages at every process, whichever holds its member.
+        for before, after in zip(first, later, strict=True):
+            age = ("genrm_oldest_collecting_group_seconds", ())
+            assert 0 < before[age] < after[age]
+        health = (await b.get("/healthz")).body
+        assert (health["active_groups"], health["retained_records"], health["watermarks"]) == (
+            2,
+            1,
+            2,
+        )
