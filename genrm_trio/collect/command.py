@@ -26,6 +26,7 @@ import trio
 
 from genrm_trio.collect.policy import API_KEY_ENV, PolicyClient
 from genrm_trio.collect.progress import Progress
+from genrm_trio.collect.resend import Backoff
 from genrm_trio.collect.resume import GroupPlan, final_rows, plan_resume
 from genrm_trio.collect.rows import (
     GROUP_ATTEMPT,
@@ -228,6 +229,7 @@ async def _collect(args: argparse.Namespace, prepared: Prepared, total: int) -> 
                 size=args.repeats,
                 sinks=Sinks(out_file, fail_file, journal_file),
                 verify_timeout_s=args.verify_timeout,
+                backoff=Backoff(resends=args.verify_retries),
                 on_group=progress.update,
             )
             await runner.run_all(prepared.plans, args.concurrency)
@@ -264,6 +266,7 @@ def _metrics(
             "resumed": bool(args.resume),
             "group_attempts": counts.groups_done,
             "group_attempts_sent": counts.attempts_sent,
+            "verify_resends": counts.resends,
             "rollouts": counts.rollouts,
             "judge_calls": result.judge_calls,
             "wall_time_s": round(wall_time_s, 3),
