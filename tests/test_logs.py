@@ -251,6 +251,9 @@ async def test_a_takeover_names_the_group_key_and_attempt(
     ) as (a, b):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(verify, b, member(0, 4, "owned", 2))
+            # Stored and waiting at b before the last member reaches a, which then owns the group.
+            while b.statistics().waiters != 1 or b.queued:  # noqa: ASYNC110
+                await trio.sleep(0.01)
             nursery.start_soon(verify, a, member(1, 2, "owned", 2))
             await judging.wait()
             await a.shutdown()  # the owner goes away mid-evaluation; b takes the group over
