@@ -86,10 +86,6 @@ class Backoff:
             drawn = max(drawn, min(retry_after_s, self.max_s))
         return drawn
 
-    def longest_s(self) -> float:
-        """The most all resends of one member can wait in pauses (Retry-After aside)."""
-        return sum(min(self.max_s, self.first_s * 2**k) for k in range(self.resends))
-
 
 def _detail(body: bytes) -> str | None:
     """The ``detail`` of a genrm-trio error body, or None for any other body."""
