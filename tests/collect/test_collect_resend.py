@@ -358,8 +358,9 @@ def test_requests_that_can_never_go_out_are_not_sent_again(error: httpx.HTTPErro
 
 
 def test_pauses_double_up_to_the_cap_and_spread_within_each_step() -> None:
-    backoff = Backoff(resends=8, first_s=0.25, max_s=8.0)
+    backoff = Backoff()  # the pauses collect.md documents: 0.25 s doubling to 8 s, 8 resends
     steps = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    assert backoff.resends == len(steps)
     rng = random.Random(7)
     for resend, step in enumerate(steps, start=1):
         pauses = [backoff.pause(resend, rng) for _ in range(200)]
