@@ -5,17 +5,24 @@ Every test restores the `genrm_trio` logger so other tests' log capture is unaff
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import re
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+import trio
 
 from genrm_trio.config import config_from_mapping
 from genrm_trio.logs import LogLineFormatter, configure_logging, startup_lines
+from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
-from genrm_trio.testing.harness import running_server
+from genrm_trio.testing.harness import member, running_server
+from genrm_trio.testing.redis_server import RedisServer
+from genrm_trio.testing.shared_store import shared_engines, verify
 
 LINE = re.compile(
     r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) genrm_trio (.*)$"
@@ -187,6 +194,129 @@ async def test_json_lines_carry_group_key_attempt_slot_and_pair_as_fields(
     disposition = next(r for r in records if "disposition=completed" in r["message"])
     assert (disposition["group_key"], disposition["group_attempt"]) == (key, 0)
     assert disposition["level"] == "WARNING"
+
+
+# Every record about one group attempt that a judged group can produce, by its message.
+GROUP_SCOPED = (
+    "GenRM judge retry pair",
+    "GenRM output budget exhausted for pair",
+    "GenRM judge reply unparseable for pair",
+    "GenRM dropped comparison",
+    "GenRM masked one rollout",
+    "GenRM cohort disposition=",
+)
+
+
+async def test_every_record_about_a_group_names_its_key_and_attempt(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging("DEBUG", "json")
+    judge = FakeJudge(
+        rules=[
+            pair_rule(0, 1, "http_status", status=500),  # retried, then dropped: two masked
+            pair_rule(1, 2, "budget_exhausted", times=1),  # retried once, then a verdict
+            pair_rule(2, 0, "text", text="no verdict here"),  # the default verdict
+        ]
+    )
+    settings = {"num_rollouts_per_prompt": 3, "genrm_parse_retries": 1, "debug_logging": True}
+    async with running_server(settings, judge=judge) as server:
+        await server.complete("g", 3)
+    records = [json.loads(line) for line in stderr_lines(capsys)]
+    about_group = [r for r in records if r["message"].startswith(GROUP_SCOPED)]
+    seen = {
+        prefix for prefix in GROUP_SCOPED for r in about_group if r["message"].startswith(prefix)
+    }
+    assert seen == set(GROUP_SCOPED)  # the workload produced every kind
+    key = "group_id::g::group_attempt::3"
+    assert [(r["group_key"], r["group_attempt"]) for r in about_group] == [(key, 3)] * len(
+        about_group
+    )
+    # Whatever else was logged about the group carries both fields too.
+    keyed = [r for r in records if "group_key" in r or "group_attempt" in r]
+    assert all((r["group_key"], r["group_attempt"]) == (key, 3) for r in keyed)
+
+
+async def test_a_takeover_names_the_group_key_and_attempt(
+    capsys: pytest.CaptureFixture[str], shared_redis_server: RedisServer
+) -> None:
+    configure_logging("INFO", "json")
+    judging = trio.Event()
+
+    async def hang(*_: Any) -> None:
+        judging.set()
+        await trio.sleep_forever()
+
+    async with shared_engines(
+        shared_redis_server.url, hooks=[Hooks(on_comparison_start=hang), None], lease_s=0.3
+    ) as (a, b):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(verify, b, member(0, 4, "owned", 2))
+            # Stored and waiting at b before the last member reaches a, which then owns the group.
+            while b.statistics().waiters != 1 or b.queued:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+            nursery.start_soon(verify, a, member(1, 2, "owned", 2))
+            await judging.wait()
+            await a.shutdown()  # the owner goes away mid-evaluation; b takes the group over
+            while b.published == 0:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    records = [json.loads(line) for line in stderr_lines(capsys)]
+    [takeover] = [r for r in records if r["message"].startswith("GenRM took over")]
+    assert takeover["level"] == "WARNING"
+    key = "group_id::owned::group_attempt::2"
+    assert (takeover["group_key"], takeover["group_attempt"]) == (key, 2)
+
+
+PACKAGE = Path(__file__).resolve().parent.parent / "genrm_trio"
+RUNNING_MD = PACKAGE.parent / "docs" / "running.md"
+LOG_METHODS = {"debug", "info", "warning", "error", "exception", "log", "_log"}
+PLACEHOLDER = re.compile(r"%[-#0 +]*\d*(?:\.\d+)?[sdrfi%]")
+
+
+def logged_texts() -> list[tuple[str, list[str]]]:
+    """(where, the first literal words of its message) for every log call of the server whose
+    message is written out in the call (a %-format or an f-string)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "testing" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in LOG_METHODS
+                and isinstance(node.func.value, ast.Name | ast.Attribute)
+                and ast.unparse(node.func.value) in {"log", "logger", "self"}
+            ):
+                continue
+            args = node.args[1:] if node.func.attr in {"log", "_log"} else node.args
+            if not args:
+                continue
+            message = args[0]
+            if isinstance(message, ast.Constant) and isinstance(message.value, str):
+                parts = PLACEHOLDER.split(message.value)
+            elif isinstance(message, ast.JoinedStr):
+                parts = [
+                    v.value
+                    for v in message.values
+                    if isinstance(v, ast.Constant) and isinstance(v.value, str)
+                ]
+            else:
+                continue  # a text built elsewhere (core/messages.py, judge/attempts.py)
+            where = f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+            # The table shows how each message starts: its first words of any length.
+            found.append((where, [part for part in parts if len(part.strip()) >= 6][:1]))
+    return found
+
+
+def test_the_log_table_in_running_md_names_every_record_the_server_writes() -> None:
+    table = RUNNING_MD.read_text(encoding="utf-8").split("## Log lines", 1)[1]
+    calls = logged_texts()
+    assert len(calls) > 40  # the scan found the server's log calls
+    missing = [
+        f"{where}: {part!r}" for where, parts in calls for part in parts if part not in table
+    ]
+    assert missing == []
 
 
 def test_unknown_log_format_is_refused() -> None:

@@ -19,6 +19,16 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _count(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count >= 0, got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"expected a count >= 0, got {value!r}")
+    return number
+
+
 def _seconds(value: str) -> float:
     try:
         number = float(value)
@@ -75,6 +85,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         metavar="SECONDS",
         help="wait this long for the server and the policy to answer before starting (default 30)",
+    )
+    parser.add_argument(
+        "--verify-retries",
+        type=_count,
+        default=8,
+        help="resends of one rollout to /verify after a lost connection, a gateway's 502, 503 or "
+        "504, or the server's retry-later 503, with pauses doubling from 0.25 s to 8 s "
+        "(default 8: at most 32 s of pauses)",
     )
     parser.add_argument(
         "--verify-timeout",

@@ -1,9 +1,9 @@
 """`genrm-trio collect`: flags, preparing the files of a fresh or resumed run, the run, and the
 metrics file (SPEC X-5).
 
-Prints one summary line on stdout. Exit 0 when every task's group is complete, 1 when a task line
-was bad or a group is still incomplete (rerun with --resume), 2 for a usage error, 130 after
-Ctrl-C.
+Prints one summary line on stdout, also when SIGINT or SIGTERM stops the run. Exit 0 when every
+task's group is complete, 1 when a task line was bad or a group is still incomplete (rerun with
+--resume), 2 for a usage error, 128 + the signal's number after SIGINT (130) or SIGTERM (143).
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import trio
 
 from genrm_trio.collect.policy import API_KEY_ENV, PolicyClient
 from genrm_trio.collect.progress import Progress
+from genrm_trio.collect.resend import Backoff
 from genrm_trio.collect.resume import GroupPlan, final_rows, plan_resume
 from genrm_trio.collect.rows import (
     GROUP_ATTEMPT,
@@ -47,7 +49,7 @@ from genrm_trio.core.run_metrics import summarize_rows
 EXIT_OK = 0
 EXIT_INCOMPLETE = 1
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 JUDGE_ATTEMPTS_SERIES = "genrm_judge_attempts_total"
 HEALTH_ATTEMPTS_FIELD = "judge_attempts_total"
 
@@ -138,6 +140,32 @@ def prepare(
     return Prepared(plan.todo, len(plan.complete), len(plan.dropped))
 
 
+@dataclass(slots=True)
+class Interruption:
+    """The signal that stopped the run, once one has."""
+
+    signal: int | None = None
+
+
+@asynccontextmanager
+async def _stoppable() -> AsyncIterator[Interruption]:
+    """A block that the first SIGINT or SIGTERM cancels; what was written stays written (each
+    group's rows go out in one append), and the caller goes on to its summary."""
+    interruption = Interruption()
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                async for received in signals:
+                    interruption.signal = received
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(watch)
+            yield interruption
+            nursery.cancel_scope.cancel()
+
+
 class NotReady(Exception):
     """The server or the policy did not answer in time; the message says which."""
 
@@ -167,6 +195,17 @@ async def _wait_ready(args: argparse.Namespace) -> None:
                 raise NotReady(f"the {name} at {url} was not ready in {args.wait_ready}s: {last}")
 
 
+async def _ready(args: argparse.Namespace) -> tuple[str | None, int | None]:
+    """Wait for the services: (why they were not ready, the signal that stopped the wait)."""
+    problem = None
+    async with _stoppable() as interruption:
+        try:
+            await _wait_ready(args)
+        except NotReady as error:
+            problem = str(error)
+    return problem, interruption.signal
+
+
 async def _judge_attempts(client: httpx.AsyncClient) -> float | None:
     """Judge attempts the server has counted: Prometheus `/metrics` (X-6), else `/healthz`."""
     try:
@@ -190,6 +229,7 @@ async def _judge_attempts(client: httpx.AsyncClient) -> float | None:
 class RunResult:
     counts: RunCounts
     judge_calls: float | None
+    interruption: Interruption = field(default_factory=Interruption)
 
 
 async def _collect(args: argparse.Namespace, prepared: Prepared, total: int) -> RunResult:
@@ -215,8 +255,8 @@ async def _collect(args: argparse.Namespace, prepared: Prepared, total: int) -> 
             yield Clients(policy, server_http)
 
     output: Path = args.output
+    before = after = None
     async with httpx.AsyncClient(base_url=args.server_url, trust_env=False) as probe:
-        before = await _judge_attempts(probe)
         with (
             output.open("ab") as out_file,
             failures_path(output).open("ab") as fail_file,
@@ -228,12 +268,15 @@ async def _collect(args: argparse.Namespace, prepared: Prepared, total: int) -> 
                 size=args.repeats,
                 sinks=Sinks(out_file, fail_file, journal_file),
                 verify_timeout_s=args.verify_timeout,
+                backoff=Backoff(resends=args.verify_retries),
                 on_group=progress.update,
             )
-            await runner.run_all(prepared.plans, args.concurrency)
-        after = await _judge_attempts(probe)
+            async with _stoppable() as interruption:
+                before = await _judge_attempts(probe)
+                await runner.run_all(prepared.plans, args.concurrency)
+                after = await _judge_attempts(probe)
     calls = after - before if after is not None and before is not None else None
-    return RunResult(runner.counts, calls)
+    return RunResult(runner.counts, calls, interruption)
 
 
 def _metrics(
@@ -264,6 +307,7 @@ def _metrics(
             "resumed": bool(args.resume),
             "group_attempts": counts.groups_done,
             "group_attempts_sent": counts.attempts_sent,
+            "verify_resends": counts.resends,
             "rollouts": counts.rollouts,
             "judge_calls": result.judge_calls,
             "wall_time_s": round(wall_time_s, 3),
@@ -283,17 +327,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"genrm-trio collect: error: cannot read {args.input}: {error}", file=sys.stderr)
         return EXIT_USAGE
     tasks, errors = read_tasks(text.splitlines(), str(args.input))
-    for problem in errors:
-        print(f"genrm-trio collect: skipped {problem}", file=sys.stderr)
+    for bad_line in errors:
+        print(f"genrm-trio collect: skipped {bad_line}", file=sys.stderr)
     try:
         prepared = prepare(args.output, tasks, args.repeats, args.resume, args.input)
     except (UsageError, ValueError, OSError) as error:
         print(f"genrm-trio collect: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        trio.run(_wait_ready, args)
-    except NotReady as error:
-        print(f"genrm-trio collect: error: {error}", file=sys.stderr)
+    not_ready, stopped = trio.run(_ready, args)
+    if stopped is not None:
+        name = signal.Signals(stopped).name
+        print(f"genrm-trio collect: {name} before the run began; nothing sent", file=sys.stderr)
+        return 128 + stopped
+    if not_ready is not None:
+        print(f"genrm-trio collect: error: {not_ready}", file=sys.stderr)
         return EXIT_INCOMPLETE
     if prepared.header:
         attempts_path(args.output).write_bytes(prepared.header)
@@ -303,14 +350,7 @@ def run(args: argparse.Namespace) -> int:
             "cut off; those groups are redone",
             file=sys.stderr,
         )
-    result: RunResult | None = None
-    try:
-        result = trio.run(_collect, args, prepared, len(tasks))
-    except* KeyboardInterrupt:
-        # Every finished group is already on disk; the ones in flight are redone on resume.
-        print("genrm-trio collect: interrupted; rerun with --resume to finish", file=sys.stderr)
-    if result is None:
-        return EXIT_INTERRUPTED
+    result = trio.run(_collect, args, prepared, len(tasks))
     metrics = _metrics(args, tasks, len(errors), result, time.monotonic() - started)
     target = metrics_path(args.output)
     temporary = target.with_name(target.name + ".tmp")
@@ -325,6 +365,15 @@ def run(args: argparse.Namespace) -> int:
         f" metrics in {target}",
         flush=True,
     )
+    stopped = result.interruption.signal
+    if stopped is not None:
+        # Every finished group is already on disk; the ones in flight are redone on resume.
+        name = signal.Signals(stopped).name
+        print(
+            f"genrm-trio collect: interrupted ({name}); rerun with --resume to finish",
+            file=sys.stderr,
+        )
+        return 128 + stopped
     if errors or metrics["groups_incomplete"]:
         if metrics["groups_incomplete"]:
             print(

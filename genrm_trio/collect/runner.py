@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -22,6 +23,7 @@ import httpx
 import trio
 
 from genrm_trio.collect.policy import PolicyClient, PolicyError
+from genrm_trio.collect.resend import Backoff, error_resend, reply_resend
 from genrm_trio.collect.resume import GroupPlan
 from genrm_trio.collect.rows import (
     GROUP_ATTEMPT,
@@ -36,8 +38,6 @@ from genrm_trio.collect.rows import (
     raw_line,
 )
 from genrm_trio.core.messages import exception_text
-
-VERIFY_RETRY_PAUSE_S = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +60,7 @@ class RunCounts:
     masked: int = 0
     failed_rows: int = 0
     attempts_sent: int = 0
+    resends: int = 0  # members posted again after a failure that changed nothing
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -108,14 +109,16 @@ class GroupRunner:
         size: int,
         sinks: Sinks,
         verify_timeout_s: float,
-        verify_retries: int = 3,
+        backoff: Backoff | None = None,
+        rng: random.Random | None = None,
         on_group: Callable[[RunCounts], None] = lambda counts: None,
     ) -> None:
         self.connect = connect
         self.size = size
         self.sinks = sinks
         self.verify_timeout_s = verify_timeout_s
-        self.verify_retries = verify_retries
+        self.backoff = backoff or Backoff()
+        self.rng = rng or random.Random()
         self.counts = RunCounts()
         self.on_group = on_group
 
@@ -222,24 +225,36 @@ class GroupRunner:
         return outcomes
 
     async def _verify(self, server: httpx.AsyncClient, body: dict[str, Any]) -> MemberOutcome:
+        """One member's row. A failure that changed nothing at the server (resend.py) is met
+        with the identical request, which reattaches to the member or replays its result
+        without a second judge call (C-52, C-43), up to the backoff's bound."""
         content = encode_line(body)
-        problem = ""
-        for attempt in range(self.verify_retries + 1):
-            if attempt:
-                await trio.sleep(VERIFY_RETRY_PAUSE_S * 2 ** (attempt - 1))
+        started = trio.current_time()
+        resends = 0
+        while True:
             try:
                 reply = await server.post(
                     "/verify", content=content, headers={"content-type": "application/json"}
                 )
-            except httpx.TransportError as error:
-                # A connection lost before the reply: the identical request reattaches to the
-                # same member, or replays its result, without a second judge call (C-52, C-43).
-                problem = f"POST /verify failed: {exception_text(error)}"
-                continue
             except httpx.HTTPError as error:
-                return MemberOutcome(problem=f"POST /verify failed: {exception_text(error)}")
-            return self._interpret(reply)
-        return MemberOutcome(problem=problem)
+                resend = error_resend(error)
+                if resend is None:
+                    return MemberOutcome(problem=f"POST /verify failed: {exception_text(error)}")
+            else:
+                resend = reply_resend(reply.status_code, reply.headers, reply.content)
+                if resend is None:
+                    return self._interpret(reply)
+            if resends == self.backoff.resends:
+                if not resends:
+                    return MemberOutcome(problem=f"POST /verify {resend.problem}")
+                elapsed = trio.current_time() - started
+                return MemberOutcome(
+                    problem=f"POST /verify got no row after {resends} resends in {elapsed:.1f}s;"
+                    f" the last {resend.problem}"
+                )
+            resends += 1
+            self.counts.resends += 1
+            await trio.sleep(self.backoff.pause(resends, self.rng, resend.retry_after_s))
 
     def _interpret(self, reply: httpx.Response) -> MemberOutcome:
         raw = reply.content

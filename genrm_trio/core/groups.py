@@ -281,7 +281,7 @@ def rows_group(group_id: str | None, attempt: int, task_index: int | None) -> Ro
 
 def _fields(record: Record) -> dict[str, Any]:
     """The fields a structured log record about this group carries (X-6)."""
-    return {"group_key": messages.log_key(record.key), "group_attempt": record.attempt}
+    return messages.log_fields(record.key, record.attempt)
 
 
 def _legacy_task_index(record: Record) -> int | None:
@@ -393,6 +393,7 @@ class GroupRegistry:
                         now - completed_at,
                         self.config.cohort_collection_timeout_s,
                     ),
+                    extra={**_fields(record), "slot": arrival.slot},
                 )
         return record
 
@@ -421,7 +422,9 @@ class GroupRegistry:
                 else messages.legacy_resend_completed(now - completed_at)
             )
         text = messages.legacy_resend_answer(key, arrival.slot, self.size, resend, state)
-        self._log(20, text, extra={"group_key": messages.log_key(key), "slot": arrival.slot})
+        self._log(
+            20, text, extra={**messages.log_fields(key, arrival.attempt), "slot": arrival.slot}
+        )
         return Masked(text)
 
     def _resolve_explicit(

@@ -6,6 +6,7 @@ Clients match on these phrases (SPEC §2.6), so each lives here exactly once.
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 MIGRATION_SUFFIX = (
     " This legacy group has failed; to retry, send the whole group again under a fresh"
@@ -133,3 +134,8 @@ def reward_count(count: int, size: int) -> str:
 def log_key(key: str) -> str:
     """Keys are cut to 160 code points in logs (SPEC §9.1)."""
     return key[:160]
+
+
+def log_fields(key: str, attempt: int) -> dict[str, Any]:
+    """The fields every log record about one group attempt carries (O-12)."""
+    return {"group_key": log_key(key), "group_attempt": attempt}

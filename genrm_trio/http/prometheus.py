@@ -21,7 +21,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from genrm_trio.core.server_metrics import Histogram
+from genrm_trio.core.server_metrics import ATTEMPT_BUCKETS, Histogram
 from genrm_trio.http.spool import Spool, SpoolBudget
 from genrm_trio.runtime.engine import Engine
 
@@ -44,6 +44,9 @@ ATTEMPT_OUTCOMES = (
     "ok", "unusable", "budget_exhausted", "http_4xx", "http_408", "http_429", "http_5xx",
     "transport", "timeout", "non_json", "cancelled",
 )  # fmt: skip
+# The attempt outcomes a comparison may follow with another attempt (judge/attempts.py): the
+# reasons of genrm_judge_retries_total.
+RETRY_REASONS = ("unusable", "budget_exhausted", "http_408", "http_429", "http_5xx", "transport")
 COMPARISON_OUTCOMES = ("verdict", "default_fallback", "failed")
 DISPOSITIONS = (
     ("completed", "none"),
@@ -128,19 +131,22 @@ class EngineCollector(Collector):
             ("api", "outcome", "replica"),
             attempts,
         )
+        retries = {(replica, reason): 0 for replica in replicas for reason in RETRY_REASONS}
+        retries.update(metrics.judge_retries)
         yield _counter(
             "genrm_judge_retries",
             "Judge attempts retried, by the failed attempt's outcome and replica.",
             ("replica", "reason"),
-            metrics.judge_retries,
+            retries,
         )
         duration = HistogramMetricFamily(
             "genrm_judge_attempt_duration_seconds",
             "Duration of one judge attempt, from holding its slot to its outcome, by replica.",
             labels=("replica",),
         )
-        for replica, histogram in metrics.attempt_seconds.items():
-            _histogram(duration, [replica], histogram)
+        for replica in replicas:
+            seen = metrics.attempt_seconds.get(replica)
+            _histogram(duration, [replica], seen or Histogram(ATTEMPT_BUCKETS))
         yield duration
         yield _plain_histogram(
             "genrm_judge_slot_wait_seconds",

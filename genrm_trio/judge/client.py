@@ -94,6 +94,7 @@ class JudgeTask:
     judge_pass: int
     # The group's key: its comparisons prefer one judge replica (X-3) and it names them in logs.
     group_key: str | None = None
+    group_attempt: int | None = None  # the group's _ng_group_attempt, for logs
     # Where its attempts wait for a slot (``JudgeClient.slots``); None: a complete lane of its
     # own, ranked by when the comparison started.
     lane: Lane | None = None
@@ -275,6 +276,7 @@ class JudgeClient:
         """The fields a structured log record carries for one comparison's attempt."""
         return {
             "group_key": None if task.group_key is None else log_key(task.group_key),
+            "group_attempt": task.group_attempt,
             "pair": list(task.pair),
             "judge_pass": task.judge_pass,
             "attempt": attempt,

@@ -333,7 +333,9 @@ class Engine:
         except Exception as exc:
             # Each task ends its own group's work with a reason before this point; a defect
             # that still escapes is logged here and never closes the server's nursery.
-            log.error("GenRM background task %s failed", fn.__name__, exc_info=exc)
+            records = [arg for arg in args if isinstance(arg, Record)]
+            fields = messages.log_fields(records[0].key, records[0].attempt) if records else {}
+            log.error("GenRM background task %s failed", fn.__name__, exc_info=exc, extra=fields)
         finally:
             self._owned_tasks -= 1
             if self._owned_tasks == 0 and self._shutdown_started:
@@ -367,6 +369,7 @@ class Engine:
                         len(record.plan),
                         len(handle.verdicts),
                         len(record.failed_comparisons),
+                        extra=messages.log_fields(record.key, record.attempt),
                     )
                 # cancel_called also covers a deadline that expired in the same instant as the
                 # last comparison's own request deadline: the evaluation deadline wins (M-7).
@@ -380,6 +383,7 @@ class Engine:
                     "GenRM cohort evaluation failed for key='%s'",
                     messages.log_key(record.key),
                     exc_info=cause,
+                    extra=messages.log_fields(record.key, record.attempt),
                 )
                 self.registry.fail_evaluation(
                     record, messages.evaluation_failed(cause), trio.current_time()
@@ -447,6 +451,7 @@ class Engine:
             judge_pass=comparison.judge_pass,
             lane=lane,
             group_key=record.key,
+            group_attempt=record.attempt,
         )
 
     async def _compare(

@@ -273,7 +273,7 @@ class SharedEngine(Engine):
                 arriving.failed = Rejected(503, str(exc))
         except Exception as exc:
             # A defect, not the store: these requests fail, the server and the group go on.
-            log.error("GenRM group store transaction failed", exc_info=exc)
+            log.error("GenRM group store transaction failed", exc_info=exc, extra=_fields(batch))
             text = f"GenRM group store transaction failed: {messages.exception_text(exc)}"
             for arriving in batch:
                 arriving.failed = Rejected(503, text)
@@ -500,7 +500,7 @@ class SharedEngine(Engine):
                 logging.WARNING,
                 f"GenRM took over the evaluation of key='{messages.log_key(record.key)}' "
                 "after its owner's lease expired",
-                {},
+                {"extra": messages.log_fields(record.key, record.attempt)},
             )
         )
 
@@ -634,6 +634,7 @@ class SharedEngine(Engine):
                 "GenRM cohort evaluation failed for key='%s'",
                 messages.log_key(record.key),
                 exc_info=cause,
+                extra=messages.log_fields(record.key, record.attempt),
             )
             publish = failing(messages.evaluation_failed(cause))
         except BaseException:
@@ -641,7 +642,8 @@ class SharedEngine(Engine):
             raise
         try:
             if publish is not None:  # else: lost the lease, superseded, or shutting down
-                await self._publish(ref, publish, failing)
+                fields = messages.log_fields(record.key, record.attempt)
+                await self._publish(ref, publish, failing, fields)
         finally:
             # Listed until its outcome is stored, so the evaluation counts as running until then.
             del self._evaluations[rid, fence]
@@ -651,6 +653,7 @@ class SharedEngine(Engine):
         ref: str,
         step: Callable[[Transaction[Any]], bool],
         failing: Callable[[str], Callable[[Transaction[Any]], bool]],
+        fields: Mapping[str, Any],
     ) -> None:
         """Store the outcome; while the store is down, try again until it answers or the
         fence refuses (another process took the evaluation over meanwhile). If building the
@@ -661,11 +664,13 @@ class SharedEngine(Engine):
             try:
                 tx = await self.store.transact(ref, step)
             except StoreFailed as exc:
-                log.warning("GenRM could not store an outcome, retrying: %s", exc)
+                log.warning("GenRM could not store an outcome, retrying: %s", exc, extra=fields)
                 await trio.sleep(self.poll_s)
                 continue
             except Exception as exc:
-                log.error("GenRM cohort evaluation failed for ref='%s'", ref, exc_info=exc)
+                log.error(
+                    "GenRM cohort evaluation failed for ref='%s'", ref, exc_info=exc, extra=fields
+                )
                 if defective:
                     return
                 defective = True
@@ -675,7 +680,10 @@ class SharedEngine(Engine):
                 self.published += 1
             else:
                 self.refused += 1
-                log.warning("GenRM discarded an evaluation result: the group's fence moved on")
+                log.warning(
+                    "GenRM discarded an evaluation result: the group's fence moved on",
+                    extra=fields,
+                )
             self._after(tx)
             return
 
@@ -823,6 +831,17 @@ class _Arriving:
     decision: Decision | None = None
     failed: Rejected | None = None
     abandoned: bool = False  # the request left before its batch was applied
+
+
+def _fields(batch: list[_Arriving]) -> dict[str, Any]:
+    """The log fields of the group attempt a batch of arrivals is for (its first member's)."""
+    arrival = batch[0].arrival
+    if arrival is None:
+        return {}
+    key = group_key(
+        arrival.group_id, arrival.attempt, arrival.task_index, arrival.prompt_id, arrival.digest
+    )
+    return messages.log_fields(key, arrival.attempt)
 
 
 def _meta(record: Record) -> StoreMeta:

@@ -166,8 +166,18 @@ class Cli:
         preexec_fn: Callable[[], object] | None = None,
     ) -> CliProcess:
         """Start `genrm-trio <args>` in the background; `preexec_fn` runs in the child first."""
+        return self.start_program(genrm_command(*args), env=env, preexec_fn=preexec_fn)
+
+    def start_program(
+        self,
+        command: list[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        preexec_fn: Callable[[], object] | None = None,
+    ) -> CliProcess:
+        """Start any program in the background, read and killed at the end like the others."""
         popen = subprocess.Popen(
-            genrm_command(*args),
+            command,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -261,6 +261,39 @@ def test_a_run_killed_mid_way_and_resumed_has_each_group_exactly_once(
     assert _judge_calls(cli, judge_url) == N * len(completed)
 
 
+def test_sigterm_stops_a_run_with_its_summary_line_and_resume_finishes_it(
+    cli: Any, tmp_path: Path
+) -> None:
+    _, policy_url, server_url, _ = _start_stack(cli, policy_latency="uniform:0.2:0.4")
+    count = 12
+    tasks = cli.write("tasks.jsonl", "\n".join(_tasks(count)) + "\n")
+    out = tmp_path / "out.jsonl"
+    args = [
+        "collect", "--policy-url", policy_url, "--server-url", server_url, "--repeats", str(N),
+        "--input", str(tasks), "--output", str(out), "--concurrency", "2",
+    ]  # fmt: skip
+    first = cli.start(*args)
+    cli.wait_until(lambda: len(_rows(out)) + len(_rows(tmp_path / "out_failures.jsonl")) >= N)
+    assert first.popen.poll() is None, "the run finished before it could be stopped"
+    # A supervisor stops the run: it still says what it collected, and where.
+    first.send_signal(signal.SIGTERM)
+    assert first.wait() == 128 + signal.SIGTERM, first.stderr()
+    [summary] = first.stdout().splitlines()
+    match = re.match(rf"collected (\d+)/{count} groups: ", summary)
+    assert match is not None, summary
+    assert 1 <= int(match.group(1)) < count
+    assert f"metrics in {tmp_path / 'out_metrics.json'}" in summary
+    metrics = json.loads((tmp_path / "out_metrics.json").read_text())
+    assert metrics["groups_complete"] == int(match.group(1))
+    assert "interrupted (SIGTERM); rerun with --resume to finish" in first.stderr()
+
+    resumed = cli.run(*args, "--resume", timeout=60)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.startswith(f"collected {count}/{count} groups: ")
+    rows = _rows(out) + _rows(tmp_path / "out_failures.jsonl")
+    assert sorted({row["_ng_task_index"] for row in rows}) == list(range(count))
+
+
 def test_fake_policy_serves_until_sigterm(cli: Any) -> None:
     process = cli.start("fake-policy", "--port", "0", "--latency", "none")
     line = process.read_line()
@@ -301,7 +334,7 @@ def test_policy_failures_are_regenerated_whole_on_resume(cli: Any, tmp_path: Pat
     assert first.popen.poll() is None, "the run finished before it could be interrupted"
     first.send_signal(signal.SIGINT)
     assert first.wait() == 130, first.stderr()
-    assert "interrupted; rerun with --resume to finish" in first.stderr()
+    assert "interrupted (SIGINT); rerun with --resume to finish" in first.stderr()
 
     statuses = []
     for _ in range(10):

@@ -57,7 +57,9 @@ def test_an_unreadable_input_is_a_usage_error(tmp_path: Path, capsys: Any) -> No
     assert not (tmp_path / "out_attempts.jsonl").exists()
 
 
-@pytest.mark.parametrize("flag", ["--repeats=0", "--concurrency=-1", "--verify-timeout=0"])
+@pytest.mark.parametrize(
+    "flag", ["--repeats=0", "--concurrency=-1", "--verify-timeout=0", "--verify-retries=-1"]
+)
 def test_bad_flags_exit_2(tmp_path: Path, flag: str) -> None:
     with pytest.raises(SystemExit) as exit_info:
         _collect(tmp_path, flag)

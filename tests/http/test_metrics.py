@@ -211,6 +211,69 @@ async def test_pruned_entries_are_counted_by_index_and_reason(autojump_clock: An
     assert value(samples, "genrm_prune_visits_total") >= 3
 
 
+# Every counted series the contract lists, with the label values it names, on two replicas.
+REPLICAS = ("http://judge-a:8000/v1", "http://judge-b:8000/v1")
+COUNTED_FROM_THE_START = {
+    "genrm_verify_requests_total": [
+        {"outcome": o}
+        for o in ("scored", "masked", "replayed", "conflict", "superseded", "not_retained",
+                  "inconsistent", "unavailable", "invalid", "error")
+    ],
+    "genrm_compare_requests_total": [
+        {"outcome": o} for o in ("scored", "unavailable", "invalid", "error")
+    ],
+    "genrm_judge_attempts_total": [
+        {"api": "chat_completions", "outcome": o, "replica": r}
+        for o in ("ok", "unusable", "budget_exhausted", "http_4xx", "http_408", "http_429",
+                  "http_5xx", "transport", "timeout", "non_json", "cancelled")
+        for r in REPLICAS
+    ],
+    "genrm_judge_retries_total": [
+        {"reason": o, "replica": r}
+        for o in ("unusable", "budget_exhausted", "http_408", "http_429", "http_5xx", "transport")
+        for r in REPLICAS
+    ],
+    "genrm_comparisons_total": [
+        {"outcome": o} for o in ("verdict", "default_fallback", "failed")
+    ],
+    "genrm_groups_finished_total": [
+        {"disposition": d, "kind": k}
+        for d, k in (("completed", "none"), ("partially_masked", "none"), ("failed", "judge"),
+                     ("failed", "cohort"))
+    ],
+    "genrm_rollouts_masked_total": [{}],
+    "genrm_pruned_total": [
+        {"index": i, "reason": r} for i in ("results", "watermarks") for r in ("ttl", "count")
+    ],
+    "genrm_prune_visits_total": [{}],
+    "genrm_judge_replica_ejections_total": [{"replica": r} for r in REPLICAS],
+    "genrm_judge_attempt_duration_seconds_count": [{"replica": r} for r in REPLICAS],
+    "genrm_judge_slot_wait_seconds_count": [{}],
+    "genrm_group_collection_seconds_count": [{}],
+    "genrm_group_evaluation_seconds_count": [{}],
+    "genrm_fingerprint_seconds_count": [{}],
+}  # fmt: skip
+
+
+def missing_or_not_zero(samples: Samples) -> list[str]:
+    """The series of COUNTED_FROM_THE_START that a scrape lacks or shows other than 0."""
+    wrong = []
+    for name, label_sets in COUNTED_FROM_THE_START.items():
+        for labels in label_sets:
+            found = samples.get((name, tuple(sorted(labels.items()))))
+            if found != 0:
+                wrong.append(f"{name}{labels} = {found}")
+    return wrong
+
+
+async def test_a_fresh_server_reports_every_counted_series_at_zero() -> None:
+    # A rate() or an increase() over a series that appears only with its first event misses
+    # that event; every series a panel or an alert divides by must exist from the first scrape.
+    async with running_server(judge_base_url=REPLICAS[0], judge_base_urls=list(REPLICAS)) as server:
+        samples = await scrape(server.client)
+    assert missing_or_not_zero(samples) == []
+
+
 # ---- as one of `serve --workers N`'s workers ---------------------------------------------------
 
 OTHER_WORKER_PID = 999_999_001  # another worker's files, written from this test process
@@ -297,6 +360,14 @@ async def test_a_worker_reports_every_series_of_a_single_process_with_the_same_v
         as_worker = await scrape(server.client)
         assert value(alone, "genrm_verify_requests_total", outcome="masked") == 6
         assert {k: v for k, v in as_worker.items() if k[0] != WORKERS_UP} == alone
+
+
+async def test_a_fresh_worker_reports_every_counted_series_at_zero(
+    worker_files: WorkerFiles,
+) -> None:
+    async with running_server(judge_base_url=REPLICAS[0], judge_base_urls=list(REPLICAS)) as server:
+        samples = await scrape(server.client)
+    assert missing_or_not_zero(samples) == []
 
 
 async def test_healthz_of_a_worker_names_it_and_counts_the_live_workers(

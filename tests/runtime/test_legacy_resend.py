@@ -41,6 +41,9 @@ async def test_a_lone_resent_row_is_logged_and_counted_while_it_waits(
             assert warnings[0].endswith(
                 "send the whole group again under a fresh _ng_group_id shared by every member."
             )
+            [record] = [r for r in caplog.records if "GenRM legacy group" in r.message]
+            assert record.group_key.startswith("task_idx::7::")  # type: ignore[attr-defined]
+            assert (record.group_attempt, record.slot) == (0, 2)  # type: ignore[attr-defined]
             assert (await server.get("/healthz")).body["legacy_resends_collecting"] == 1
             reply = await pending.result()
         assert reply.status == 503 and "did not collect 4 unique rollout indices" in reply.detail
@@ -57,8 +60,9 @@ def resent(i: int, q: float, task: int = 7, attempt_index: int = 1) -> dict[str,
 
 
 async def test_a_resent_row_of_a_finished_legacy_group_is_answered_masked_at_once(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="genrm_trio")
     judge = FakeJudge(rules=[pair_rule(1, 2, "http_status", status=400)])
     async with running_server(
         judge=judge, num_rollouts_per_prompt=4, cohort_collection_timeout_s=60.0
@@ -83,6 +87,9 @@ async def test_a_resent_row_of_a_finished_legacy_group_is_answered_masked_at_onc
     )
     # The resent answer is echoed, not the first run's.
     assert again[0].body["response"]["id"].endswith("-again")
+    logged = [r for r in caplog.records if "was sent again on its own" in r.message]
+    assert sorted((r.group_attempt, r.slot) for r in logged) == [(0, 1), (0, 2)]  # type: ignore[attr-defined]
+    assert all(r.group_key.startswith("task_idx::7::") for r in logged)  # type: ignore[attr-defined]
 
 
 async def test_a_new_run_of_the_same_tasks_after_resends_is_judged(
