@@ -64,14 +64,18 @@ async def gather(calls: Sequence[Callable[[], Awaitable[Any]]]) -> list[Any]:
     async def one(index: int) -> None:
         results[index] = await calls[index]()
 
-    if _asyncio_running():
-        async with asyncio.TaskGroup() as tasks:
-            for index in range(len(calls)):
-                tasks.create_task(one(index))
-    else:
-        async with trio.open_nursery() as nursery:
-            for index in range(len(calls)):
-                nursery.start_soon(one, index)
+    try:
+        if _asyncio_running():
+            async with asyncio.TaskGroup() as tasks:
+                for index in range(len(calls)):
+                    tasks.create_task(one(index))
+        else:
+            async with trio.open_nursery() as nursery:
+                for index in range(len(calls)):
+                    nursery.start_soon(one, index)
+    except ExceptionGroup as group:
+        # The caller asked for results, not for a group of errors: the first one says why.
+        raise group.exceptions[0] from group
     return results
 
 
