@@ -58,13 +58,14 @@ class BlockingGenRMClient:
                 prompt, responses, group_id=group_id, attempt=attempt, principle=principle
             )
 
-        return trio.run(self._run, [(one, len(responses))])[0]
+        calls: list[tuple[Call, int]] = [(one, len(responses))]
+        return trio.run(self._run, calls)[0]
 
     def score_groups(
         self, groups: Sequence[tuple[Prompt, Sequence[Response]]]
     ) -> list[list[RolloutResult]]:
         """Several groups at once, each under a fresh id; results in the order given."""
-        calls = []
+        calls: list[tuple[Call, int]] = []
         for prompt, responses in groups:
 
             async def one(
