@@ -4,7 +4,7 @@ loopback HTTP, with the payloads OpenRLHF 0.11.0 sends.
 `SingleTurnAgentExecutor.execute` scores each sample on its own as soon as it is generated, the
 `n_samples_per_prompt` samples of a prompt concurrently (`generate_responses` gathers them), by
 posting `{"query": [query], "prompts": [prompt], "labels": [label]}` and reading `rewards`,
-`scores` and `extra_logs` (openrlhf/utils/agent.py:288-301, 323-356; vllm_engine.py:185-208).
+`scores` and `extra_logs` (openrlhf/utils/agent.py:280-299, 323-356; vllm_engine.py:185-208).
 The query is the prompt followed by the response, decoded.
 """
 
