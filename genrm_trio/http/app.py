@@ -34,6 +34,7 @@ from genrm_trio.core.identity import ResponseIdentity
 from genrm_trio.http.bodies import BadRequest, EchoValue, FileSpan, VerifyRequest
 from genrm_trio.http.gym_endpoints import register_gym_routes
 from genrm_trio.http.openapi import openapi_json
+from genrm_trio.http.openrlhf_endpoint import register_openrlhf_route
 from genrm_trio.http.parsing import body_too_large, parse_compare_body, parse_verify_body
 from genrm_trio.http.prometheus import (
     CONTENT_TYPE,
@@ -51,6 +52,12 @@ from genrm_trio.http.rendering import (
     scored_row_parts,
 )
 from genrm_trio.http.spool import Spool, SpoolBudget, SpoolError, SpoolFile, spool_failed
+from genrm_trio.http.whole_groups import (
+    first_rejection,
+    parse_group_body,
+    render_group_reply,
+    run_members,
+)
 from genrm_trio.http.worker_metrics import WorkerMetrics, worker_settings
 from genrm_trio.judge.transport import TransportFactory
 from genrm_trio.runtime.compare import CompareUnavailable, run_compare
@@ -417,7 +424,25 @@ def create_app(
         metrics.compare("scored")
         return _reply(200, payload)
 
+    @app.post("/verify_group")
+    async def verify_group() -> Response:
+        if engine.closed:
+            metrics.verify("unavailable")
+            return _reply(503, error_body(messages.SHUTTING_DOWN))
+        try:
+            group = parse_group_body(await read_body(), config)
+        except BadRequest as exc:
+            metrics.verify("invalid")
+            return _reply(exc.status, error_body(exc.detail))
+        outcomes = await run_members(engine, group.members)
+        rejected = first_rejection(outcomes)
+        if rejected is not None:
+            return _reply(rejected.status, error_body(rejected.detail))
+        rows = [o for o in outcomes if isinstance(o, Scored | Masked)]
+        return _reply(200, render_group_reply(group, rows))
+
     register_gym_routes(app, read_body, engine.registry.masked_rollouts)
+    register_openrlhf_route(app, read_body, engine, config)
 
     def health(status: str) -> bytes:
         workers = None if worker_metrics is None else worker_metrics.health()

@@ -16,6 +16,13 @@ from genrm_trio.http.gym_endpoints import (
     SeedSessionReply,
     SeedSessionRequestDoc,
 )
+from genrm_trio.http.openrlhf_endpoint import (
+    ROUTE as OPENRLHF_ROUTE,
+)
+from genrm_trio.http.openrlhf_endpoint import (
+    OpenRLHFRewardReply,
+    OpenRLHFRewardRequestDoc,
+)
 from genrm_trio.http.schema import (
     CompareReply,
     CompareRequestDoc,
@@ -25,6 +32,7 @@ from genrm_trio.http.schema import (
     VerifyRequestDoc,
     VerifyRow,
 )
+from genrm_trio.http.whole_groups import VerifyGroupReply, VerifyGroupRequestDoc
 
 _JSON = "application/json"
 
@@ -57,6 +65,10 @@ def _build(version: str) -> dict[str, Any]:
             AggregateMetricsReply,
             CloseSessionRequestDoc,
             CloseSessionReply,
+            VerifyGroupRequestDoc,
+            VerifyGroupReply,
+            OpenRLHFRewardRequestDoc,
+            OpenRLHFRewardReply,
         ],
         ref_template="#/components/schemas/{name}",
     )
@@ -64,8 +76,9 @@ def _build(version: str) -> dict[str, Any]:
         :7
     ]
     seed_request, seed_reply, aggregate_request, aggregate_reply, close_request, close_reply = refs[
-        7:
+        7:13
     ]
+    group_request, group_reply, openrlhf_request, openrlhf_reply = refs[13:]
 
     def reply(description: str, schema: dict[str, Any]) -> dict[str, Any]:
         return {"description": description, "content": {_JSON: {"schema": schema}}}
@@ -111,6 +124,72 @@ def _build(version: str) -> dict[str, Any]:
                 "503": failure(
                     "The group failed with a cohort-kind failure (collection deadline, "
                     "supersession, cancellation), or the server is shutting down."
+                ),
+            },
+        }
+    }
+    verify_group = {
+        "post": {
+            "operationId": "verify_group",
+            "summary": "Score a whole group in one request",
+            "description": (
+                "The prompt once and all num_rollouts_per_prompt responses in slot order, under "
+                "one explicit group id and attempt. Each response is answered exactly as a "
+                "/verify post of it would be (the same validation, grouping, attempts, replay, "
+                "masking, 409 and 503), and the reply holds one compact row per slot, without "
+                "the echo. A masked row has reward null. Sending the identical request again "
+                "(after a lost connection, or a 503 that says to resend) attaches to the group "
+                "or replays its rows without new judge calls. The first 409 or 503 of any slot "
+                "is the answer for the whole request."
+            ),
+            "requestBody": {"required": True, "content": {_JSON: {"schema": group_request}}},
+            "responses": {
+                "200": reply("Every slot's row, scored or masked, in slot order.", group_reply),
+                "400": bad_json,
+                "409": failure(
+                    "A slot conflicts with its group, as in /verify: a different response for an "
+                    "occupied slot, inconsistent prompt or principle, or a superseded or "
+                    "finished attempt."
+                ),
+                "413": too_large,
+                "422": failure(
+                    "The body violates the schema or a field rule: `<path>: <problem>`, naming "
+                    "the first offending field (`responses[<i>].output: ...` for a response; "
+                    "`responses: expected an array of <N> response objects "
+                    "(num_rollouts_per_prompt), got ...` for the wrong count)."
+                ),
+                "503": failure(
+                    "As in /verify: the group failed with a cohort-kind failure, the shared "
+                    "group store is unavailable, or the server is shutting down."
+                ),
+            },
+        }
+    }
+    openrlhf = {
+        "post": {
+            "operationId": "openrlhf_get_reward",
+            "summary": "OpenRLHF's remote reward model protocol (--reward.remote_url)",
+            "description": (
+                "Samples are grouped by prompt: the samples of one prompt fill one group of "
+                "num_rollouts_per_prompt slots in arrival order, across requests, and each is "
+                "judged as its /verify post would be. A request waits until every group its "
+                "samples joined is judged. A sample resent after its request went away without "
+                "an answer takes its old slot again. A masked sample's reward and score are the "
+                "masked_reward_placeholder, and extra_logs.genrm_masked is 1.0 for it. Groups "
+                "are formed within one server process."
+            ),
+            "requestBody": {"required": True, "content": {_JSON: {"schema": openrlhf_request}}},
+            "responses": {
+                "200": reply(
+                    "One reward, score and log entry per query, in order.", openrlhf_reply
+                ),
+                "400": bad_json,
+                "409": failure("A sample conflicts with its group, as in /verify."),
+                "413": too_large,
+                "422": invalid,
+                "503": failure(
+                    "A group a sample joined failed (for example it did not collect all its "
+                    "samples in time), or the server is shutting down."
                 ),
             },
         }
@@ -240,6 +319,8 @@ def _build(version: str) -> dict[str, Any]:
         },
         "paths": {
             "/verify": verify,
+            "/verify_group": verify_group,
+            OPENRLHF_ROUTE: openrlhf,
             "/compare": compare,
             "/seed_session": seed_session,
             "/close_session": close_session,

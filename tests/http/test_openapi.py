@@ -33,6 +33,8 @@ def test_every_route_and_status_code_is_documented() -> None:
     paths = document["paths"]
     assert set(paths) == {
         "/verify",
+        "/verify_group",
+        "/openrlhf/get_reward",
         "/compare",
         "/seed_session",
         "/close_session",

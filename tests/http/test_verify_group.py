@@ -1,0 +1,93 @@
+"""`POST /verify_group` on the in-process server: rows per slot, a masked row's null reward,
+replay, field errors, and its place in the OpenAPI document."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from genrm_trio.http.openapi import openapi_document
+from genrm_trio.testing.fake_judge import pair_rule
+from genrm_trio.testing.harness import member, running_server
+
+N = 4
+
+
+def group(qualities: list[int], group_id: str | None = "g", **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "responses_create_params": {"input": "2+2?"},
+        "responses": [member(i, q)["response"] for i, q in enumerate(qualities)],
+        **extra,
+    }
+    if group_id is not None:
+        body["_ng_group_id"] = group_id
+    return body
+
+
+async def test_rows_per_slot_with_a_masked_slot_null_and_a_replay_without_judging() -> None:
+    async with running_server(num_rollouts_per_prompt=N) as server:
+        server.judge.set_rules([pair_rule(2, 3, "http_status", status=400)])
+        reply = await server.post("/verify_group", json.dumps(group([4, 1, 2, 5])).encode())
+        assert reply.status == 200
+        rows = reply.body["rows"]
+        assert [row["_ng_rollout_index"] for row in rows] == [0, 1, 2, 3]
+        assert [row["reward"] for row in rows] == [4, 1, None, None]
+        assert [row["mask_sample"] for row in rows] == [False, False, True, True]
+        assert rows[2]["failure_kind"] == "judge_failed"
+        assert "genrm_masked_rollout_rate_per_group" not in rows[2]
+        assert rows[0]["genrm_masked_rollout_rate_per_group"] == 0.5
+        calls = server.calls()
+        again = await server.post("/verify_group", json.dumps(group([4, 1, 2, 5])).encode())
+        assert again.body == reply.body
+        assert server.calls() == calls
+        # Its members are /verify members: a single /verify of slot 0 replays too.
+        single = await server.verify(member(0, 4))
+        assert single.body["reward"] == 4
+        assert server.calls() == calls
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        (group([1, 2, 3, 4], group_id=None), "_ng_group_id: required field missing"),
+        (group([1, 2, 3, 4], group_id=""), "_ng_group_id: expected a string"),
+        ({**group([1]), "responses": "x"}, "responses: expected an array of 4 response objects"),
+        (group([1, 2]), "responses: expected an array of 4 response objects"),
+        (
+            {**group([1, 2, 3]), "responses": [*group([1, 2, 3])["responses"], {"id": 1}]},
+            "responses[3].output: required field missing",
+        ),
+        ({**group([1, 2, 3, 4]), "_ng_group_attempt": -1}, "_ng_group_attempt: expected"),
+    ],
+)
+async def test_bad_input_is_422_naming_the_field_and_judges_nothing(
+    body: dict[str, Any], detail: str
+) -> None:
+    async with running_server(num_rollouts_per_prompt=N) as server:
+        reply = await server.post("/verify_group", json.dumps(body).encode())
+        assert reply.status == 422, reply.body
+        assert reply.body["detail"].startswith(detail)
+        assert server.calls() == 0
+        assert server.engine.statistics().collecting == 0
+
+
+async def test_a_conflict_in_one_slot_answers_the_whole_request_at_once() -> None:
+    async with running_server(num_rollouts_per_prompt=N) as server:
+        await server.post("/verify_group", json.dumps(group([1, 2, 3, 4])).encode())
+        other = group([1, 2, 3, 4])
+        other["responses"][1] = member(1, 5, regenerated=True)["response"]
+        reply = await server.post("/verify_group", json.dumps(other).encode())
+        assert reply.status == 409
+        assert "already has a different response for rollout_index=1" in reply.body["detail"]
+
+
+def test_the_openapi_document_describes_both_new_routes() -> None:
+    paths = openapi_document("test")["paths"]
+    assert set(paths["/verify_group"]["post"]["responses"]) == {
+        "200", "400", "409", "413", "422", "503"
+    }  # fmt: skip
+    assert set(paths["/openrlhf/get_reward"]["post"]["responses"]) == {
+        "200", "400", "409", "413", "422", "503"
+    }  # fmt: skip
