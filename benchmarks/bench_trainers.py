@@ -21,10 +21,12 @@ last result, rollouts per s, server CPU per rollout (/proc/<pid>/stat), the serv
 (VmHWM, reset before the step), the load generator's CPU per rollout, and the request bytes
 the step put on the wire.
 
-Memory budget: `/verify` admits each body against `waiting_body_memory_bytes` (default 1 GiB)
-and spools what does not fit to a file while it waits; `/verify_group` and
-`/openrlhf/get_reward` read their bodies through Quart and hold them in memory whatever the
-budget. The 64k-token rows show what that costs in peak RSS.
+Memory budget (`waiting_body_memory_bytes`, default 1 GiB): `/verify_group` counts a group's
+body against it by its Content-Length before reading it, and beyond it the body waits unread
+(the client's upload waits with it) until an admitted group has been answered. `/verify` counts
+a body once it has read and parsed it and spools what does not fit, so bodies still arriving are
+not counted. `/openrlhf/get_reward` bodies (one sample each) are read by Quart and not counted.
+The 64k-token rows show each in the server's peak RSS.
 
 Caveat: a 2-core machine. The server (one Trio thread), the fake judge (zero latency) and this
 script share the two cores, so rates include the load generator's and the judge's CPU competing
@@ -360,13 +362,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{client.peak_rss / max(verify.peak_rss, 1):.2f}x its server peak RSS"
             )
     budget = next(f.default for f in msgspec.structs.fields(Config) if f.name == BUDGET)
+    counted = {
+        "GenRMClient": "counted before it is read; beyond it the body waits unread",
+        "/verify": "counted once read and parsed; beyond it the body is spooled",
+    }
     for run in runs:
         if run.tokens >= 65536:
-            counted = "counted" if run.mode.startswith("/verify") else "NOT counted"
             print(
                 f"{run.mode}, {run.rollouts:,} x {run.tokens // 1024}k: {mib(run.request_bytes)} "
-                f"MiB of bodies, {counted} against waiting_body_memory_bytes "
-                f"({mib(budget or 0)} MiB); server RSS {mib(run.idle_rss)} MiB idle, "
+                f"MiB of bodies against a waiting_body_memory_bytes of {mib(budget or 0)} MiB "
+                f"({counted[run.mode.split()[0]]}); server RSS {mib(run.idle_rss)} MiB idle, "
                 f"{mib(run.peak_rss)} MiB peak"
             )
     print(f"load average after the runs: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
