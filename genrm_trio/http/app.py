@@ -42,7 +42,7 @@ from genrm_trio.http.prometheus import (
     metrics_registry,
     render_metrics,
 )
-from genrm_trio.http.receiving import BodyReceiver, Refused
+from genrm_trio.http.receiving import BodyReceiver, Refused, declared_length
 from genrm_trio.http.rendering import (
     bound_failure_text,
     error_body,
@@ -51,8 +51,10 @@ from genrm_trio.http.rendering import (
     render_healthz,
     scored_row_parts,
 )
+from genrm_trio.http.serving import read_gate
 from genrm_trio.http.spool import Spool, SpoolBudget, SpoolError, SpoolFile, spool_failed
 from genrm_trio.http.whole_groups import (
+    GROUP_ROUTE,
     first_rejection,
     parse_group_body,
     render_group_reply,
@@ -80,7 +82,9 @@ class GenRMApp(QuartTrio):
     answered straight from ASGI, without Quart's per-request context, routing and response
     objects, which cost about as much CPU as the rest of the request. It is the only
     implementation of the route: Quart never sees `/verify`, so before/after-request hooks do
-    not run for it. Every other route goes through Quart.
+    not run for it. `/verify_group` is answered from ASGI too, because Quart reads a body as it
+    arrives, before the handler runs: the group's body must wait, unread, for room in
+    `waiting_body_memory_bytes`. Every other route goes through Quart.
     """
 
     engine: Engine
@@ -88,18 +92,23 @@ class GenRMApp(QuartTrio):
     spool_budget: SpoolBudget
     body_receiver: BodyReceiver
     verify_asgi: VerifyASGI
+    group_asgi: VerifyASGI
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
         if scope["type"] == "http":
             scope = _without_rollout_prefix(scope)
-        if scope["type"] == "http" and _is_verify_path(scope):
-            if scope["method"] == "POST":
-                await self.verify_asgi(scope, receive, send)
-            else:
-                await _send_reply(send, 405, _http_error_body(MethodNotAllowed()), _ALLOW_POST)
-            return
+        if scope["type"] == "http":
+            for route, handler in (("/verify", self.verify_asgi), (GROUP_ROUTE, self.group_asgi)):
+                if _is_path(scope, route):
+                    if scope["method"] == "POST":
+                        await handler(scope, receive, send)
+                    else:
+                        await _send_reply(
+                            send, 405, _http_error_body(MethodNotAllowed()), _ALLOW_POST
+                        )
+                    return
         await super().__call__(scope, receive, send)
 
 
@@ -117,10 +126,10 @@ def _without_rollout_prefix(scope: HTTPScope) -> HTTPScope:
     return cast(HTTPScope, {**scope, "path": path, "raw_path": path.encode()})
 
 
-def _is_verify_path(scope: HTTPScope) -> bool:
+def _is_path(scope: HTTPScope, route: str) -> bool:
     # Mounted under a prefix, the path may or may not carry the prefix, depending on the server.
     path = scope["path"]
-    return path == "/verify" or path == scope.get("root_path", "") + "/verify"
+    return path == route or path == scope.get("root_path", "") + route
 
 
 def _reply(status: int, payload: bytes) -> Response:
@@ -294,6 +303,33 @@ def create_app(
 
     too_large = error_body(body_too_large(config.max_body_bytes))
 
+    async def receive_body(
+        receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> list[bytes] | None:
+        """The body's chunks, or None once the client has gone or been answered 413 or 408."""
+        chunks: list[bytes] = []
+        size = 0
+        timeout = app.config["BODY_TIMEOUT"]
+        with trio.move_on_after(float("inf") if timeout is None else timeout) as reading:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return None
+                chunk = cast(bytes, message.get("body", b""))
+                size += len(chunk)
+                if size > config.max_body_bytes:
+                    metrics.verify("invalid")
+                    await _send_reply(send, 413, too_large)
+                    return None
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+        if reading.cancelled_caught:
+            metrics.verify("invalid")
+            await _send_reply(send, 408, _http_error_body(RequestTimeout()))
+            return None
+        return chunks
+
     async def verify_asgi(
         scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
@@ -424,22 +460,76 @@ def create_app(
         metrics.compare("scored")
         return _reply(200, payload)
 
-    @app.post("/verify_group")
-    async def verify_group() -> Response:
+    async def group_asgi(
+        scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        """`POST /verify_group`, straight from ASGI."""
         if engine.closed:
             metrics.verify("unavailable")
-            return _reply(503, error_body(messages.SHUTTING_DOWN))
-        try:
-            group = parse_group_body(await read_body(), config)
-        except BadRequest as exc:
+            await _send_reply(send, 503, error_body(messages.SHUTTING_DOWN))
+            return
+        declared = declared_length(scope)
+        if declared is not None and declared > config.max_body_bytes:
             metrics.verify("invalid")
-            return _reply(exc.status, error_body(exc.detail))
-        outcomes = await run_members(engine, group.members)
-        rejected = first_rejection(outcomes)
-        if rejected is not None:
-            return _reply(rejected.status, error_body(rejected.detail))
-        rows = [o for o in outcomes if isinstance(o, Scored | Masked)]
-        return _reply(200, render_group_reply(group, rows))
+            await _send_reply(send, 413, too_large)
+            return
+        # A group's body stays in memory until the group is judged (it is not spooled: judging
+        # starts as soon as it is read). Beyond the budget it waits unread, and the client's
+        # upload with it; every group admitted completes on its own, so the wait always ends.
+        held = 0
+        try:
+            if declared is not None:
+                # The connection's reads stop meanwhile: the body waits in the kernel and the
+                # client, not in hypercorn's queue.
+                gate = read_gate(scope)
+                if gate is not None:
+                    gate.shut()
+                try:
+                    await budget.wait_to_admit(declared)
+                finally:
+                    if gate is not None:
+                        gate.open()
+                held = declared
+            chunks = await receive_body(receive, send)
+            if chunks is None:
+                return
+            body = b"".join(chunks)
+            del chunks
+            if declared is None:
+                await budget.wait_to_admit(len(body))
+                held = len(body)
+            try:
+                group = parse_group_body(body, config)
+            except BadRequest as exc:
+                metrics.verify("invalid")
+                await _send_reply(send, exc.status, error_body(exc.detail))
+                return
+            del body
+            outcomes: list[Outcome | None] | None = None
+            try:
+                # A client that leaves ends its own wait only (C-51), as on /verify.
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+                    outcomes = await run_members(engine, group.members)
+                    nursery.cancel_scope.cancel()
+            except Exception:
+                metrics.verify("error")
+                log.exception("Exception on request POST /verify_group")
+                await _send_reply(send, 500, _http_error_body(InternalServerError()))
+                return
+            if outcomes is None:
+                return
+            rejected = first_rejection(outcomes)
+            if rejected is not None:
+                await _send_reply(send, rejected.status, error_body(rejected.detail))
+                return
+            rows = [o for o in outcomes if isinstance(o, Scored | Masked)]
+            await _send_reply(send, 200, render_group_reply(group, rows))
+        finally:
+            if held:
+                budget.release(held)
+
+    app.group_asgi = group_asgi
 
     register_gym_routes(app, read_body, engine.registry.masked_rollouts)
     register_openrlhf_route(app, read_body, engine, config)

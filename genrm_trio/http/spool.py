@@ -45,6 +45,7 @@ class SpoolBudget:
         self.in_memory = 0
         self.receiving = 0
         self.waiting = 0
+        self._room = trio.lowlevel.ParkingLot()
 
     def admit(self, size: int) -> bool:
         """Keep a body of ``size`` bytes in memory if it fits (and count it); else False."""
@@ -53,8 +54,21 @@ class SpoolBudget:
             return True
         return False
 
+    async def wait_to_admit(self, size: int) -> None:
+        """Count a body of ``size`` bytes in memory once it fits, waiting for others to leave.
+
+        For bodies that cannot be spooled. One larger than the whole budget is let in when
+        nothing else is held: otherwise it could never be served.
+        """
+        while not self.admit(size):
+            if self.in_memory == 0:
+                self.in_memory += size
+                return
+            await self._room.park()
+
     def release(self, size: int) -> None:
         self.in_memory -= size
+        self._room.unpark_all()
 
 
 class SpoolError(Exception):

@@ -35,6 +35,7 @@ from genrm_trio.http.schema import (
 )
 from genrm_trio.runtime.engine import Engine
 
+GROUP_ROUTE: Final = "/verify_group"
 RESPONSES_KEY: Final = "responses"
 # Keys of a group request that each member carries unchanged.
 _SHARED_KEYS: Final = (

@@ -1,5 +1,6 @@
 """`POST /verify_group` on the in-process server: rows per slot, a masked row's null reward,
-replay, field errors, and its place in the OpenAPI document."""
+replay, field errors, the memory budget for waiting bodies, and its place in the OpenAPI
+document."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import json
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 
 from genrm_trio.http.openapi import openapi_document
-from genrm_trio.testing.fake_judge import pair_rule
+from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member, running_server
 
 N = 4
@@ -81,6 +84,49 @@ async def test_a_conflict_in_one_slot_answers_the_whole_request_at_once() -> Non
         reply = await server.post("/verify_group", json.dumps(other).encode())
         assert reply.status == 409
         assert "already has a different response for rollout_index=1" in reply.body["detail"]
+
+
+async def test_a_group_body_waits_unread_for_room_in_the_memory_budget() -> None:
+    first = json.dumps(group([1, 2, 3, 4], group_id="first")).encode()
+    second = json.dumps(group([4, 3, 2, 1], group_id="second")).encode()
+    # Room for one group's body: a trainer's whole step must not hold every body at once.
+    limit = len(first) + 16
+    judge = FakeJudge(latency="fixed:0.3")
+    async with running_server(
+        num_rollouts_per_prompt=N, judge=judge, waiting_body_memory_bytes=limit
+    ) as server:
+        budget = server.app.spool_budget
+        replies: dict[str, Any] = {}
+
+        async def post(name: str, body: bytes) -> None:
+            replies[name] = await server.post("/verify_group", body)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post, "first", first)
+            await trio.testing.wait_all_tasks_blocked()
+            # The first group is being judged, its body counted.
+            assert budget.in_memory == len(first)
+            nursery.start_soon(post, "second", second)
+            await trio.testing.wait_all_tasks_blocked()
+            # The second waits, unread, until the first's body has gone.
+            assert budget.in_memory == len(first)
+            assert "second" not in replies
+        assert [row["reward"] for row in replies["first"].body["rows"]] == [1, 2, 3, 4]
+        assert [row["reward"] for row in replies["second"].body["rows"]] == [4, 3, 2, 1]
+        assert budget.in_memory == 0
+
+
+async def test_a_group_larger_than_the_whole_budget_is_served_alone() -> None:
+    async with running_server(num_rollouts_per_prompt=N, waiting_body_memory_bytes=10) as server:
+        reply = await server.post("/verify_group", json.dumps(group([1, 2, 3, 4])).encode())
+        assert [row["reward"] for row in reply.body["rows"]] == [1, 2, 3, 4]
+        assert server.app.spool_budget.in_memory == 0
+
+
+async def test_only_post_is_allowed() -> None:
+    async with running_server(num_rollouts_per_prompt=N) as server:
+        reply = await server.get("/verify_group")
+        assert reply.status == 405
 
 
 def test_the_openapi_document_describes_both_new_routes() -> None:
