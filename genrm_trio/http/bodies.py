@@ -46,6 +46,19 @@ ROLLOUT_ID_KEY: Final = "_ng_rollout_id"
 ATTEMPT_INDEX_KEY: Final = "_ng_attempt_index"
 
 
+def json_kind(value: Any) -> str:
+    """How an error detail names the JSON type of a decoded value ("an object", "null", ...)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
+
+
 class BadRequest(Exception):
     """A rejected request body: ``status`` is 400, 413 or 422 and ``detail`` the exact text."""
 

@@ -23,7 +23,7 @@ from genrm_trio.core.gym_metrics import TASK_KEY as TASK_INDEX_KEY
 from genrm_trio.core.gym_metrics import gym_aggregate
 from genrm_trio.core.run_metrics import RunMetrics, summarize_rows
 from genrm_trio.http import json_scan
-from genrm_trio.http.bodies import BadRequest
+from genrm_trio.http.bodies import BadRequest, json_kind
 from genrm_trio.http.parsing import split_members
 from genrm_trio.http.rendering import error_body
 
@@ -102,7 +102,7 @@ def _session_id(member: json_scan.Member | None) -> str | None:
         return None
     value = member.value
     if not isinstance(value, str) or not value:
-        got = "" if isinstance(value, str) else f", got {_kind(value)}"
+        got = "" if isinstance(value, str) else f", got {json_kind(value)}"
         raise BadRequest(422, f"{SESSION_ID_KEY}: expected {_SESSION_ID_EXPECTED}{got}")
     return value
 
@@ -129,25 +129,11 @@ def parse_aggregate_metrics_body(body: bytes) -> list[dict[str, Any]]:
         raise BadRequest(422, f"{ROWS_KEY}: required field missing (expected {_ROWS_EXPECTED})")
     rows = member.value
     if not isinstance(rows, list):
-        raise BadRequest(422, f"{ROWS_KEY}: expected {_ROWS_EXPECTED}, got {_kind(rows)}")
+        raise BadRequest(422, f"{ROWS_KEY}: expected {_ROWS_EXPECTED}, got {json_kind(rows)}")
     for index, row in enumerate(rows):
         if not isinstance(row, dict):
-            raise BadRequest(422, f"{ROWS_KEY}[{index}]: expected an object, got {_kind(row)}")
+            raise BadRequest(422, f"{ROWS_KEY}[{index}]: expected an object, got {json_kind(row)}")
     return rows
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
 
 
 def counts(metrics: RunMetrics, unseen_masked: int, masked_by_server: int) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from genrm_trio.config import Config
 from genrm_trio.core import messages
 from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
 from genrm_trio.core.prompt_groups import Placement, PromptGroups
-from genrm_trio.http.bodies import BadRequest, VerifyRequest
+from genrm_trio.http.bodies import BadRequest, VerifyRequest, json_kind
 from genrm_trio.http.parsing import parse_verify_body, split_members
 from genrm_trio.http.rendering import error_body
 from genrm_trio.http.whole_groups import first_rejection, run_members
@@ -77,10 +77,10 @@ def parse_reward_body(body: bytes) -> list[tuple[str, str]]:
             raise BadRequest(422, f"{key}: required field missing (expected {_STRINGS})")
         value = member.value
         if not isinstance(value, list):
-            raise BadRequest(422, f"{key}: expected {_STRINGS}, got {_kind(value)}")
+            raise BadRequest(422, f"{key}: expected {_STRINGS}, got {json_kind(value)}")
         for index, item in enumerate(value):
             if not isinstance(item, str):
-                raise BadRequest(422, f"{key}[{index}]: expected a string, got {_kind(item)}")
+                raise BadRequest(422, f"{key}[{index}]: expected a string, got {json_kind(item)}")
         columns.append(value)
     queries, prompts = columns
     if len(queries) != len(prompts):
@@ -97,18 +97,6 @@ def response_text(query: str, prompt: str) -> str:
     """The response part of a query: what follows the prompt, or the whole query when the
     decoded text does not start with the prompt (a tokenizer that does not round-trip it)."""
     return query[len(prompt) :] if query.startswith(prompt) else query
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else "an object"
 
 
 def member_body(prompt: str, text: str, placement: Placement) -> bytes:
