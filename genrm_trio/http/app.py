@@ -42,7 +42,7 @@ from genrm_trio.http.prometheus import (
     metrics_registry,
     render_metrics,
 )
-from genrm_trio.http.receiving import BodyReceiver, Refused, declared_length
+from genrm_trio.http.receiving import BodyReceiver, Refused
 from genrm_trio.http.rendering import (
     bound_failure_text,
     error_body,
@@ -51,7 +51,6 @@ from genrm_trio.http.rendering import (
     render_healthz,
     scored_row_parts,
 )
-from genrm_trio.http.serving import read_gate
 from genrm_trio.http.spool import Spool, SpoolBudget, SpoolError, SpoolFile, spool_failed
 from genrm_trio.http.whole_groups import (
     GROUP_ROUTE,
@@ -303,32 +302,12 @@ def create_app(
 
     too_large = error_body(body_too_large(config.max_body_bytes))
 
-    async def receive_body(
-        receive: ASGIReceiveCallable, send: ASGISendCallable
-    ) -> list[bytes] | None:
-        """The body's chunks, or None once the client has gone or been answered 413 or 408."""
-        chunks: list[bytes] = []
-        size = 0
-        timeout = app.config["BODY_TIMEOUT"]
-        with trio.move_on_after(float("inf") if timeout is None else timeout) as reading:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return None
-                chunk = cast(bytes, message.get("body", b""))
-                size += len(chunk)
-                if size > config.max_body_bytes:
-                    metrics.verify("invalid")
-                    await _send_reply(send, 413, too_large)
-                    return None
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    break
-        if reading.cancelled_caught:
-            metrics.verify("invalid")
+    async def refuse(send: ASGISendCallable, refused: Refused) -> None:
+        metrics.verify("invalid")
+        if refused.status == 413:
+            await _send_reply(send, 413, too_large)
+        else:
             await _send_reply(send, 408, _http_error_body(RequestTimeout()))
-            return None
-        return chunks
 
     async def verify_asgi(
         scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -342,11 +321,7 @@ def create_app(
             if received is None:
                 return  # the client left while sending
             if isinstance(received, Refused):
-                metrics.verify("invalid")
-                if received.status == 413:
-                    await _send_reply(send, 413, too_large)
-                else:
-                    await _send_reply(send, 408, _http_error_body(RequestTimeout()))
+                await refuse(send, received)
                 return
             try:
                 parsed = parse_verify_body(received.take_body(), config)
@@ -468,36 +443,16 @@ def create_app(
             metrics.verify("unavailable")
             await _send_reply(send, 503, error_body(messages.SHUTTING_DOWN))
             return
-        declared = declared_length(scope)
-        if declared is not None and declared > config.max_body_bytes:
-            metrics.verify("invalid")
-            await _send_reply(send, 413, too_large)
-            return
         # A group's body stays in memory until the group is judged (it is not spooled: judging
         # starts as soon as it is read). Beyond the budget it waits unread, and the client's
         # upload with it; every group admitted completes on its own, so the wait always ends.
-        held = 0
-        try:
-            if declared is not None:
-                # The connection's reads stop meanwhile: the body waits in the kernel and the
-                # client, not in hypercorn's queue.
-                gate = read_gate(scope)
-                if gate is not None:
-                    gate.shut()
-                try:
-                    await budget.wait_to_admit(declared)
-                finally:
-                    if gate is not None:
-                        gate.open()
-                held = declared
-            chunks = await receive_body(receive, send)
-            if chunks is None:
+        async with receiver.receive_held(scope, receive) as received:
+            if received is None:
+                return  # the client left while sending
+            if isinstance(received, Refused):
+                await refuse(send, received)
                 return
-            body = b"".join(chunks)
-            del chunks
-            if declared is None:
-                await budget.wait_to_admit(len(body))
-                held = len(body)
+            body = received.take_body()
             try:
                 group = parse_group_body(body, config)
             except BadRequest as exc:
@@ -505,6 +460,7 @@ def create_app(
                 await _send_reply(send, exc.status, error_body(exc.detail))
                 return
             del body
+            received.admitted()
             outcomes: list[Outcome | None] | None = None
             try:
                 # A client that leaves ends its own wait only (C-51), as on /verify.
@@ -525,9 +481,6 @@ def create_app(
                 return
             rows = [o for o in outcomes if isinstance(o, Scored | Masked)]
             await _send_reply(send, 200, render_group_reply(group, rows))
-        finally:
-            if held:
-                budget.release(held)
 
     app.group_asgi = group_asgi
 

@@ -129,7 +129,40 @@ class BodyReceiver:
                 await self._wait_for_slot(scope, received)
             elif declared is not None:
                 received._reserved = declared
-            yield await self._read(scope, receive, received, declared)
+            yield await self._read(scope, receive, received, declared, admit_chunks=True)
+        finally:
+            received.done()
+
+    @contextlib.asynccontextmanager
+    async def receive_held(
+        self,
+        scope: HTTPScope,
+        receive: ASGIReceiveCallable,
+    ) -> AsyncIterator[Received | Refused | None]:
+        """Like ``receive``, for a body that cannot be spooled (a whole group, judged as soon as
+        it is read): beyond the budget it waits, unread, for room instead of for a slot; alone,
+        it is let in whatever its size."""
+        declared = declared_length(scope)
+        if declared is not None and declared > self.max_body_bytes:
+            yield Refused(413, "too_large")
+            return
+        received = Received(self.budget, None)
+        try:
+            if declared is not None:
+                gate = read_gate(scope)
+                if gate is not None:
+                    gate.shut()
+                try:
+                    await self.budget.wait_to_admit(declared)
+                finally:
+                    if gate is not None:
+                        gate.open()
+                received._reserved = declared
+            outcome = await self._read(scope, receive, received, declared, admit_chunks=False)
+            if declared is None and isinstance(outcome, Received):
+                await self.budget.wait_to_admit(outcome.size)
+                received._reserved = outcome.size
+            yield outcome
         finally:
             received.done()
 
@@ -150,6 +183,8 @@ class BodyReceiver:
         receive: ASGIReceiveCallable,
         received: Received,
         declared: int | None,
+        *,
+        admit_chunks: bool,
     ) -> Received | Refused | None:
         budget = self.budget
         chunks: list[bytes] = []
@@ -168,7 +203,7 @@ class BodyReceiver:
             size += len(chunk)
             if size > self.max_body_bytes:
                 return Refused(413, "too_large")
-            if declared is None and received.within_budget:
+            if admit_chunks and declared is None and received.within_budget:
                 if budget.admit(len(chunk)):
                     received._reserved += len(chunk)
                 else:
