@@ -28,15 +28,17 @@ from typing import Final
 import msgspec
 
 from genrm_trio.client.results import GroupReply, RolloutResult, results_from_rows
+from genrm_trio.core.messages import SHUTTING_DOWN
 
 # genrm-trio's 503 texts for a request it did not take (docs/failures.md, docs/group-store.md,
-# docs/running.md).
+# docs/running.md); `genrm-trio collect` resends on the same ones.
 RESENDABLE_503_PREFIXES: Final = (
-    "GenRM server is shutting down",
+    SHUTTING_DOWN,
     "GenRM group store ",
     "server at its connection limit",
     "GenRM cannot hold this request body",
 )
+# genrm-trio never answers 502 or 504 itself: these come from a balancer or proxy in front.
 GATEWAY_STATUSES: Final = frozenset({502, 503, 504})
 REFUSED_STATUSES: Final = frozenset({400, 404, 405, 413, 422})
 _REPLY: Final = msgspec.json.Decoder(GroupReply)

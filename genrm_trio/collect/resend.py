@@ -17,20 +17,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from genrm_trio.core.messages import SHUTTING_DOWN, exception_text
-
-# genrm-trio never answers 502 or 504 itself: these come from a balancer or proxy in front.
-GATEWAY_STATUSES = frozenset({502, 503, 504})
-
-# How the server's 503s begin when the request changed nothing and may simply be sent again
-# (docs/running.md): the shared store unreachable or contended, this process at its connection
-# limit or going away, a body it could not hold.
-RESENDABLE_DETAILS = (
-    "GenRM group store ",
-    "server at its connection limit",
-    SHUTTING_DOWN,
-    "GenRM cannot hold this request body while it waits",
-)
+from genrm_trio.client.resend import GATEWAY_STATUSES, RESENDABLE_503_PREFIXES
+from genrm_trio.core.messages import exception_text
 
 SHOWN_BODY_CHARS = 300
 
@@ -52,7 +40,7 @@ def reply_resend(status: int, headers: httpx.Headers, body: bytes) -> Resend | N
     detail = _detail(body)
     if status == 503 and detail is not None:
         # The server's own 503: only those that stored nothing are worth sending again.
-        if not detail.startswith(RESENDABLE_DETAILS):
+        if not detail.startswith(RESENDABLE_503_PREFIXES):
             return None
         return Resend(f"answered 503: {detail}", _retry_after(headers))
     shown = " ".join(body[:SHOWN_BODY_CHARS].decode("utf-8", errors="replace").split())
