@@ -364,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     budget = next(f.default for f in msgspec.structs.fields(Config) if f.name == BUDGET)
     counted = {
         "GenRMClient": "counted before it is read; beyond it the body waits unread",
-        "/verify": "counted once read and parsed; beyond it the body is spooled",
+        "/verify": "counted before it is read; beyond it the body waits unread for a spool slot",
     }
     for run in runs:
         if run.tokens >= 65536:
