@@ -498,7 +498,14 @@ def run_store(
                     a for server in servers for a in ("--backend", f"127.0.0.1:{server.port}")
                 ]
                 balancer = start_child(
-                    [sys.executable, "-m", "genrm_trio.testing.balancer", "--port", "0", *backends],
+                    [
+                        sys.executable,
+                        "-m",
+                        "genrm_trio.testing._balancer",
+                        "--port",
+                        "0",
+                        *backends,
+                    ],
                     "balancer listening on",
                 )
             asyncio.run(

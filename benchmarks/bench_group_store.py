@@ -12,7 +12,7 @@ ratios within one run.
 
 Set-ups: `memory-1`, one server with the in-memory store (the baseline); `redis-1`, one server
 with the Redis store; `redis-2`, two servers sharing the Redis store behind the round-robin TCP
-balancer (`python -m genrm_trio.testing.balancer`), so the 16 connections of one group alternate
+balancer (`python -m genrm_trio.testing._balancer`), so the 16 connections of one group alternate
 between the two servers. Redis runs with append-only persistence (`--appendfsync`, default
 everysec). Workload as in bench_http.py: `--in-flight` requests outstanding as groups of 16
 posted at once on keep-alive connections, circular pairing (one judge call per /verify), every
@@ -62,7 +62,7 @@ from bench_http import (
     post_groups,
 )
 
-from genrm_trio.testing.balancer import RoundRobinBalancer
+from genrm_trio.testing._balancer import RoundRobinBalancer
 from genrm_trio.testing.redis_server import RedisServer
 
 SETUPS = ("memory-1", "redis-1", "redis-2")
@@ -177,7 +177,7 @@ def start_deployment(
         return Deployment(name, servers, servers[0].port, prefix)
     backends = [arg for server in servers for arg in ("--backend", f"127.0.0.1:{server.port}")]
     balancer = start_child(
-        [sys.executable, "-m", "genrm_trio.testing.balancer", "--port", "0", *backends],
+        [sys.executable, "-m", "genrm_trio.testing._balancer", "--port", "0", *backends],
         "balancer listening on",
     )
     return Deployment(name, servers, balancer.port, prefix, balancer)

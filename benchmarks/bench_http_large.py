@@ -44,8 +44,8 @@ from genrm_trio.config import Config
 from genrm_trio.core.canonical import digest_hex
 from genrm_trio.core.identity import ResponseIdentity
 from genrm_trio.core.texts import extract_scoring_text
-from genrm_trio.http.parsing import parse_verify_body
-from genrm_trio.http.rendering import render_scored_row
+from genrm_trio.wire.parsing import parse_verify_body
+from genrm_trio.wire.rendering import render_scored_row
 
 METRICS = {
     "genrm_failed_comparison_rate_per_group": 0.0,

@@ -354,7 +354,7 @@ def parsed_costs(shape: BodyShape) -> list[list[str]]:
     """What one body costs in memory as bytes, as a decoded tree (msgspec, Python's json), and
     as what a waiting request keeps of it after validation (the bytes aside), by tracemalloc."""
     from genrm_trio.config import Config
-    from genrm_trio.http.parsing import parse_verify_body
+    from genrm_trio.wire.parsing import parse_verify_body
 
     body = verify_body(shape, seed=1, group_id="g-0", slot=1)
     config = Config(judge_base_url="http://judge.invalid/v1", judge_model="m")

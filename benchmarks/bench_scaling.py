@@ -46,10 +46,10 @@ import trio.testing
 
 from genrm_trio.config import Config
 from genrm_trio.core.groups import Scored
-from genrm_trio.http.bodies import VerifyRequest
-from genrm_trio.http.parsing import parse_verify_body
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.testing.fake_judge import FakeJudge
+from genrm_trio.wire.bodies import VerifyRequest
+from genrm_trio.wire.parsing import parse_verify_body
 
 NO_DEADLINE_S = 1_000_000.0
 

@@ -27,12 +27,12 @@ from typing import Any
 import msgspec
 import trio
 
-from genrm_trio.http.parsing import parse_verify_body
 from genrm_trio.runtime.engine import Engine
+from genrm_trio.testing._shared_store import PREFIX, shared_config, shared_engines
 from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
-from genrm_trio.testing.shared_store import PREFIX, shared_config, shared_engines
+from genrm_trio.wire.parsing import parse_verify_body
 
 N = 16
 

@@ -25,7 +25,8 @@ from genrm_trio.process_tuning import (
     prepare_collector,
     tune_for_serving,
 )
-from genrm_trio.testing import fake_judge_cli, fake_policy_cli
+from genrm_trio.testing import _fake_judge_cli as fake_judge_cli
+from genrm_trio.testing import _fake_policy_cli as fake_policy_cli
 
 if TYPE_CHECKING:
     from hypercorn.config import Config as HypercornConfig

@@ -31,11 +31,9 @@ from genrm_trio.core import messages
 from genrm_trio.core.canonical import fingerprint_json
 from genrm_trio.core.groups import Masked, Outcome, Scored
 from genrm_trio.core.identity import ResponseIdentity
-from genrm_trio.http.bodies import BadRequest, EchoValue, FileSpan, VerifyRequest
 from genrm_trio.http.gym_endpoints import register_gym_routes
 from genrm_trio.http.openapi import openapi_json
 from genrm_trio.http.openrlhf_endpoint import register_openrlhf_route
-from genrm_trio.http.parsing import body_too_large, parse_compare_body, parse_verify_body
 from genrm_trio.http.prometheus import (
     CONTENT_TYPE,
     EngineCollector,
@@ -43,14 +41,6 @@ from genrm_trio.http.prometheus import (
     render_metrics,
 )
 from genrm_trio.http.receiving import BodyReceiver, Refused
-from genrm_trio.http.rendering import (
-    bound_failure_text,
-    error_body,
-    masked_row_parts,
-    render_compare_reply,
-    render_healthz,
-    scored_row_parts,
-)
 from genrm_trio.http.spool import Spool, SpoolBudget, SpoolError, SpoolFile, spool_failed
 from genrm_trio.http.whole_groups import (
     GROUP_ROUTE,
@@ -65,6 +55,16 @@ from genrm_trio.runtime.compare import CompareUnavailable, run_compare
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.runtime.stores import build_engine
+from genrm_trio.wire.bodies import BadRequest, EchoValue, FileSpan, VerifyRequest
+from genrm_trio.wire.parsing import body_too_large, parse_compare_body, parse_verify_body
+from genrm_trio.wire.rendering import (
+    bound_failure_text,
+    error_body,
+    masked_row_parts,
+    render_compare_reply,
+    render_healthz,
+    scored_row_parts,
+)
 
 log = logging.getLogger("genrm_trio")
 

@@ -22,10 +22,10 @@ from genrm_trio.core.gym_metrics import ROLLOUT_KEY as ROLLOUT_INDEX_KEY
 from genrm_trio.core.gym_metrics import TASK_KEY as TASK_INDEX_KEY
 from genrm_trio.core.gym_metrics import gym_aggregate
 from genrm_trio.core.run_metrics import RunMetrics, summarize_rows
-from genrm_trio.http import json_scan
-from genrm_trio.http.bodies import BadRequest, json_kind
-from genrm_trio.http.parsing import split_members
-from genrm_trio.http.rendering import error_body
+from genrm_trio.wire import json_scan
+from genrm_trio.wire.bodies import BadRequest, json_kind
+from genrm_trio.wire.parsing import split_members
+from genrm_trio.wire.rendering import error_body
 
 ROWS_KEY: Final = "verify_responses"
 # The failure class of a masked row this server answered (W-30).

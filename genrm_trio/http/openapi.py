@@ -23,7 +23,8 @@ from genrm_trio.http.openrlhf_endpoint import (
     OpenRLHFRewardReply,
     OpenRLHFRewardRequestDoc,
 )
-from genrm_trio.http.schema import (
+from genrm_trio.http.whole_groups import VerifyGroupReply, VerifyGroupRequestDoc
+from genrm_trio.wire.schema import (
     CompareReply,
     CompareRequestDoc,
     ErrorReply,
@@ -32,7 +33,6 @@ from genrm_trio.http.schema import (
     VerifyRequestDoc,
     VerifyRow,
 )
-from genrm_trio.http.whole_groups import VerifyGroupReply, VerifyGroupRequestDoc
 
 _JSON = "application/json"
 

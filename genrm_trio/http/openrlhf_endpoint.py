@@ -28,11 +28,11 @@ from genrm_trio.config import Config
 from genrm_trio.core import messages
 from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
 from genrm_trio.core.prompt_groups import Placement, PromptGroups
-from genrm_trio.http.bodies import BadRequest, VerifyRequest, json_kind
-from genrm_trio.http.parsing import parse_verify_body, split_members
-from genrm_trio.http.rendering import error_body
 from genrm_trio.http.whole_groups import first_rejection, run_members
 from genrm_trio.runtime.engine import Engine
+from genrm_trio.wire.bodies import BadRequest, VerifyRequest, json_kind
+from genrm_trio.wire.parsing import parse_verify_body, split_members
+from genrm_trio.wire.rendering import error_body
 
 ROUTE: Final = "/openrlhf/get_reward"
 MASKED_LOG_KEY: Final = "genrm_masked"

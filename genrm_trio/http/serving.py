@@ -38,7 +38,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState, Framework, LifespanState
 from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
 
-from genrm_trio.http.rendering import error_body
+from genrm_trio.wire.rendering import error_body
 
 log = logging.getLogger("genrm_trio")
 

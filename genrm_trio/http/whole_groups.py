@@ -22,18 +22,18 @@ from msgspec import UNSET, Meta, UnsetType
 
 from genrm_trio.config import Config
 from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
-from genrm_trio.http import json_scan
-from genrm_trio.http.bodies import INT64_MAX, BadRequest, VerifyRequest
-from genrm_trio.http.parsing import parse_verify_body, split_members
-from genrm_trio.http.rendering import bound_failure_text
-from genrm_trio.http.schema import (
+from genrm_trio.runtime.engine import Engine
+from genrm_trio.wire import json_scan
+from genrm_trio.wire.bodies import INT64_MAX, BadRequest, VerifyRequest
+from genrm_trio.wire.parsing import parse_verify_body, split_members
+from genrm_trio.wire.rendering import bound_failure_text
+from genrm_trio.wire.schema import (
     FailureText,
     GroupId,
     Int64,
     ResponseObject,
     ResponsesCreateParams,
 )
-from genrm_trio.runtime.engine import Engine
 
 GROUP_ROUTE: Final = "/verify_group"
 RESPONSES_KEY: Final = "responses"

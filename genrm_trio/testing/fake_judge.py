@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
-from genrm_trio.testing.fake_judge_replies import (
+from genrm_trio.testing._fake_judge_replies import (
     CREATED,
     Call,
     FakeReply,
@@ -51,7 +51,7 @@ from genrm_trio.testing.fake_judge_replies import (
     json_bytes,
     json_reply,
 )
-from genrm_trio.testing.fake_judge_rules import (
+from genrm_trio.testing._fake_judge_rules import (
     ACTIONS,
     APIS,
     Api,

@@ -14,7 +14,7 @@ from typing import Any
 
 import trio
 
-from genrm_trio.testing.one_shot_http import post_json
+from genrm_trio.testing._one_shot_http import post_json
 
 GROUP_SIZE = 16
 SAFETY_S = 60.0

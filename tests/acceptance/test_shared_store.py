@@ -20,8 +20,8 @@ import httpx
 import pytest
 import trio
 
-from genrm_trio.testing.balancer import RoundRobinBalancer
-from genrm_trio.testing.one_shot_http import post_json
+from genrm_trio.testing._balancer import RoundRobinBalancer
+from genrm_trio.testing._one_shot_http import post_json
 from genrm_trio.testing.redis_server import RedisServer
 
 GROUP_SIZE = 16

@@ -21,7 +21,7 @@ from prometheus_client.multiprocess import mark_process_dead
 from prometheus_client.parser import text_string_to_metric_families
 
 from genrm_trio.http.prometheus import CONTENT_TYPE
-from genrm_trio.testing.one_shot_http import post_json
+from genrm_trio.testing._one_shot_http import post_json
 from genrm_trio.testing.redis_server import RedisServer
 
 GROUP_SIZE = 16

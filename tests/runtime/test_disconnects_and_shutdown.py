@@ -64,7 +64,7 @@ async def test_cancelled_request_releases_its_body() -> None:
     # AS-151
     import msgspec
 
-    from genrm_trio.http.parsing import parse_verify_body
+    from genrm_trio.wire.parsing import parse_verify_body
 
     marker = "response-that-must-be-released"
 

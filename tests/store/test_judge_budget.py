@@ -14,10 +14,10 @@ from genrm_trio.runtime.shared import SharedEngine
 from genrm_trio.store.judge_budget import BudgetReply, StoredJudgeBudget
 from genrm_trio.store.redis_store import RedisGroupStore
 from genrm_trio.store.resp import StoreAddress
+from genrm_trio.testing._shared_store import new_store, shared_config, shared_engines, verify
 from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
-from genrm_trio.testing.shared_store import new_store, shared_config, shared_engines, verify
 
 LEASE_S = 10.0
 

@@ -13,13 +13,13 @@ import trio
 
 from genrm_trio.core import messages
 from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
-from genrm_trio.http.parsing import parse_verify_body
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.shared import SharedEngine, check_store_invariants
+from genrm_trio.testing._shared_store import shared_config, shared_engines
 from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
-from genrm_trio.testing.shared_store import shared_config, shared_engines
+from genrm_trio.wire.parsing import parse_verify_body
 
 SETTINGS: dict[str, Any] = {
     "num_rollouts_per_prompt": 3,

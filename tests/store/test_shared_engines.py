@@ -12,10 +12,10 @@ import trio.testing
 from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.runtime.shared import SharedEngine, check_store_invariants
+from genrm_trio.testing._shared_store import shared_config, shared_engines, verify
 from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
-from genrm_trio.testing.shared_store import shared_config, shared_engines, verify
 
 SUPERSEDED = "GenRM group 'g' attempt 0 was superseded by attempt 1"
 

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from genrm_trio.testing.balancer import RoundRobinBalancer, parse_backend
+from genrm_trio.testing._balancer import RoundRobinBalancer, parse_backend
 from genrm_trio.testing.redis_server import free_loopback_port
 
 
@@ -110,7 +110,7 @@ async def test_a_backend_that_refuses_is_skipped_and_none_left_closes_the_client
 def test_a_backend_must_be_host_and_port() -> None:
     assert parse_backend("127.0.0.1:8001") == ("127.0.0.1", 8001)
     result = subprocess.run(
-        [sys.executable, "-m", "genrm_trio.testing.balancer", "--backend", "nope"],
+        [sys.executable, "-m", "genrm_trio.testing._balancer", "--backend", "nope"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -129,7 +129,7 @@ async def test_the_balancer_runs_as_its_own_process() -> None:
             [
                 sys.executable,
                 "-m",
-                "genrm_trio.testing.balancer",
+                "genrm_trio.testing._balancer",
                 "--port",
                 "0",
                 "--backend",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from genrm_trio.testing.one_shot_http import post_json
+from genrm_trio.testing._one_shot_http import post_json
 
 
 async def serve_once(reply: bytes, task_status: trio.TaskStatus[int]) -> None:

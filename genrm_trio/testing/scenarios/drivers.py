@@ -15,23 +15,23 @@ import trio.testing
 
 from genrm_trio.config import Config
 from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
-from genrm_trio.http.bodies import METRIC_KEYS
-from genrm_trio.http.parsing import parse_verify_body
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.runtime.shared import SharedEngine
 from genrm_trio.store.redis_store import RedisGroupStore
 from genrm_trio.store.resp import StoreAddress
+from genrm_trio.testing._invariants import Seen
 from genrm_trio.testing.controlled_judge import ControlledJudge
 from genrm_trio.testing.fixtures import GenRMServer, serve
 from genrm_trio.testing.harness import Reply
-from genrm_trio.testing.invariants import Seen
 from genrm_trio.testing.scenarios.steps import (
     ENGINES,
     LEASE_S,
     STORE_EPOCH,
     Via,
 )
+from genrm_trio.wire.bodies import METRIC_KEYS
+from genrm_trio.wire.parsing import parse_verify_body
 
 
 class Driver(Protocol):

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Final
 
-from genrm_trio.http import json_scan
+from genrm_trio.wire import json_scan
 
 INT64_MIN: Final = -(2**63)
 INT64_MAX: Final = 2**63 - 1

@@ -1,7 +1,7 @@
 """The hand-written validators and the documented msgspec shapes (W-51) accept the same bodies.
 
-The OpenAPI document is generated from the shapes in ``http.schema`` while requests are checked
-by ``http.parsing``; feeding both the same bodies keeps the document from drifting from what is
+The OpenAPI document is generated from the shapes in ``wire.schema`` while requests are checked
+by ``wire.parsing``; feeding both the same bodies keeps the document from drifting from what is
 enforced. Bodies here are standard JSON without repeated keys and with every size within the
 limits: beyond those, the validators are deliberately more lenient (non-standard literals, lone
 surrogates) or stricter (repeated keys, nesting) than a generic decoder, as W-2…W-4 say. Rules
@@ -20,10 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from genrm_trio.config import Config, config_from_mapping
-from genrm_trio.http.bodies import INT64_MAX, INT64_MIN, BadRequest
-from genrm_trio.http.parsing import parse_compare_body, parse_verify_body
-from genrm_trio.http.schema import CompareRequestDoc, VerifyRequestDoc
 from genrm_trio.testing.harness import SCENARIO_DEFAULTS
+from genrm_trio.wire.bodies import INT64_MAX, INT64_MIN, BadRequest
+from genrm_trio.wire.parsing import parse_compare_body, parse_verify_body
+from genrm_trio.wire.schema import CompareRequestDoc, VerifyRequestDoc
 
 CONFIG: Config = config_from_mapping(
     {**SCENARIO_DEFAULTS, "num_rollouts_per_prompt": 1, "max_compare_responses": 64}

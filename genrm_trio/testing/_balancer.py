@@ -11,7 +11,7 @@ the first time). For a request/reply protocol that is the number of round trips,
 commands included as one, which is how the benchmarks count round trips to Redis.
 
 Run it as a process with
-``python -m genrm_trio.testing.balancer --port 0 --backend 127.0.0.1:8001 --backend ...``;
+``python -m genrm_trio.testing._balancer --port 0 --backend 127.0.0.1:8001 --backend ...``;
 it prints ``balancer listening on http://127.0.0.1:<port>`` once it accepts connections.
 """
 
@@ -122,7 +122,7 @@ async def _main(port: int, backends: list[Backend]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m genrm_trio.testing.balancer",
+        prog="python -m genrm_trio.testing._balancer",
         description="Round-robin TCP balancer over the given backends (loopback only).",
     )
     parser.add_argument("--port", type=int, default=0, help="port to listen on (0: any free)")

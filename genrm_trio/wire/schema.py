@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from genrm_trio.http.bodies import (
+from genrm_trio.wire.bodies import (
     FAILURE_TEXT_MAX_CODE_POINTS,
     GROUP_ID_MAX_CODE_POINTS,
     INT64_MAX,

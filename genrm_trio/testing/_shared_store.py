@@ -11,13 +11,13 @@ import trio
 
 from genrm_trio.config import Config, config_from_mapping
 from genrm_trio.core.groups import Outcome
-from genrm_trio.http.parsing import parse_verify_body
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.runtime.shared import SharedEngine
 from genrm_trio.store.redis_store import RedisGroupStore
 from genrm_trio.store.resp import StoreAddress
 from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.harness import SCENARIO_DEFAULTS
+from genrm_trio.wire.parsing import parse_verify_body
 
 PREFIX = "test:"
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from genrm_trio.config import Config
-from genrm_trio.http.parsing import parse_verify_body
+from genrm_trio.wire.parsing import parse_verify_body
 
 CONFIG = Config(judge_base_url="http://judge/v1", judge_model="judge", num_rollouts_per_prompt=2)
 MARKER = "response-to-hand-over"

@@ -10,10 +10,10 @@ import msgspec
 import pytest
 
 from genrm_trio.config import Config
-from genrm_trio.http.bodies import BadRequest
-from genrm_trio.http.parsing import parse_compare_body
-from genrm_trio.http.rendering import render_compare_reply
-from genrm_trio.http.schema import CompareReply
+from genrm_trio.wire.bodies import BadRequest
+from genrm_trio.wire.parsing import parse_compare_body
+from genrm_trio.wire.rendering import render_compare_reply
+from genrm_trio.wire.schema import CompareReply
 
 CONFIG = Config(judge_base_url="http://judge/v1", judge_model="m", max_compare_responses=3)
 BASELINE = Config(

@@ -11,15 +11,15 @@ from typing import Any, Final, cast
 import msgspec
 
 from genrm_trio.core.canonical import canonical_json
-from genrm_trio.http import json_scan
-from genrm_trio.http.bodies import (
+from genrm_trio.wire import json_scan
+from genrm_trio.wire.bodies import (
     FAILURE_TEXT_MAX_CODE_POINTS,
     METRIC_KEYS,
     EchoValue,
     FileSpan,
     VerifyRequest,
 )
-from genrm_trio.http.schema import CompareMetrics, CompareReply, ComparisonResult, Healthz
+from genrm_trio.wire.schema import CompareMetrics, CompareReply, ComparisonResult, Healthz
 
 _MASK_MEMBER: Final = b'"mask_sample":true'
 _MASKED_INSTANCE_CONFIG: Final = b'{"mask_sample":true}'

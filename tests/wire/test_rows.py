@@ -12,16 +12,16 @@ import pytest
 
 from genrm_trio.config import Config
 from genrm_trio.core.messages import MIGRATION_SUFFIX
-from genrm_trio.http.bodies import VerifyRequest
-from genrm_trio.http.parsing import parse_verify_body
-from genrm_trio.http.rendering import (
+from genrm_trio.wire.bodies import VerifyRequest
+from genrm_trio.wire.parsing import parse_verify_body
+from genrm_trio.wire.rendering import (
     bound_failure_text,
     error_body,
     render_healthz,
     render_masked_row,
     render_scored_row,
 )
-from genrm_trio.http.schema import Healthz, MaskedRow, VerifyRow
+from genrm_trio.wire.schema import Healthz, MaskedRow, VerifyRow
 
 GROUP = Config(judge_base_url="http://judge/v1", judge_model="m", num_rollouts_per_prompt=2)
 SINGLE = Config(judge_base_url="http://judge/v1", judge_model="m", num_rollouts_per_prompt=1)

@@ -13,8 +13,8 @@ import msgspec
 
 from genrm_trio.config import Config
 from genrm_trio.core.canonical import canonical_json
-from genrm_trio.http import json_scan
-from genrm_trio.http.bodies import (
+from genrm_trio.wire import json_scan
+from genrm_trio.wire.bodies import (
     ATTEMPT_INDEX_KEY,
     COORDINATE_KEYS,
     GROUP_ID_MAX_CODE_POINTS,

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from genrm_trio.config import Config
-from genrm_trio.http.bodies import BadRequest, VerifyRequest
-from genrm_trio.http.parsing import parse_verify_body
-from genrm_trio.http.rendering import render_masked_row, render_scored_row
+from genrm_trio.wire.bodies import BadRequest, VerifyRequest
+from genrm_trio.wire.parsing import parse_verify_body
+from genrm_trio.wire.rendering import render_masked_row, render_scored_row
 
 GROUP = Config(judge_base_url="http://judge/v1", judge_model="m", num_rollouts_per_prompt=2)
 SINGLE = Config(judge_base_url="http://judge/v1", judge_model="m", num_rollouts_per_prompt=1)
