@@ -21,6 +21,7 @@ from typing import IO, Any
 
 import httpx
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from genrm_trio.collect.policy import PolicyClient, PolicyError
 from genrm_trio.collect.resend import Backoff, error_resend, reply_resend
@@ -314,20 +315,13 @@ class GroupRunner:
 
 
 def prometheus_total(text: str, name: str) -> float | None:
-    """The sum of every sample of counter `name` in Prometheus text, or None if it has none."""
-    total = 0.0
-    found = False
-    for line in text.splitlines():
-        if not line.startswith(name) or line.startswith("#"):
-            continue
-        rest = line[len(name) :]
-        if rest[:1] not in ("{", " "):
-            continue
-        try:
-            value = float(line.rsplit(" ", 1)[-1])
-        except ValueError:
-            continue
-        if math.isfinite(value):
-            total += value
-            found = True
-    return total if found else None
+    """The sum of every sample of counter `name` in Prometheus text, or None if it has none (or
+    the text cannot be read)."""
+    samples = []
+    try:
+        for family in text_string_to_metric_families(text):
+            samples.extend(s.value for s in family.samples if s.name == name)
+    except ValueError:
+        return None
+    finite = [value for value in samples if math.isfinite(value)]
+    return math.fsum(finite) if finite else None

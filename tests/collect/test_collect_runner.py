@@ -193,9 +193,11 @@ def test_judge_attempts_are_read_from_prometheus_text() -> None:
             "# TYPE genrm_judge_attempts_total counter",
             'genrm_judge_attempts_total{api="chat_completions",outcome="ok"} 12',
             'genrm_judge_attempts_total{api="chat_completions",outcome="http_5xx"} 3',
+            # A timestamp after the value, and a label value with a space, brace and quote.
+            'genrm_judge_attempts_total{api="responses",outcome="x } \\"y\\""} 4 1700000000000',
             "genrm_judge_attempts_total_created 1.7e9",
             "genrm_judge_retries_total 2",
         ]
     )
-    assert prometheus_total(text, "genrm_judge_attempts_total") == 15
+    assert prometheus_total(text, "genrm_judge_attempts_total") == 19
     assert prometheus_total("genrm_other 1", "genrm_judge_attempts_total") is None
