@@ -317,7 +317,7 @@ class GroupRunner:
 def prometheus_total(text: str, name: str) -> float | None:
     """The sum of every sample of counter `name` in Prometheus text, or None if it has none (or
     the text cannot be read)."""
-    samples = []
+    samples: list[float] = []
     try:
         for family in text_string_to_metric_families(text):
             samples.extend(s.value for s in family.samples if s.name == name)
