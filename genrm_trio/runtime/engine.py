@@ -276,11 +276,8 @@ class Engine:
         # none of it is kept while the request waits (I-10). The response is known by its raw
         # bytes; its canonical fingerprint is computed only when needed (C-24).
         response, input_value = request.take_scoring()
-        if fingerprints is None:
-            identity = ResponseIdentity(request.response_view(), self.counters)
-        else:
-            # The body waits in a file: the identity holds what was computed before it went.
-            identity = ResponseIdentity.settled_from(*fingerprints)
+        # A spooled body's view is empty: comparing uses the fingerprints taken before it went.
+        identity = ResponseIdentity(request.response_view(), self.counters, known=fingerprints)
         self.counters.fingerprints += 1
         assert request.rollout_index is not None
         arrival = Arrival(
