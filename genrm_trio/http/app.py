@@ -1,7 +1,9 @@
-"""The quart-trio application: routes that translate HTTP to engine calls and back.
+"""The quart-trio application: one server instance and the routes that translate HTTP to engine
+calls and back.
 
-No behaviour lives here beyond reading bodies, mapping errors to `{"detail": ...}` and writing
-replies; the engine and the wire module do the rest.
+No behaviour lives here beyond reading bodies and writing replies: `/verify` is its own module
+(``verify_route``), the replies and error mapping the routes share are in ``asgi``, and the
+engine and the wire module do the rest.
 """
 
 from __future__ import annotations

@@ -193,8 +193,7 @@ async def run_members(engine: Engine, members: Sequence[VerifyRequest]) -> list[
             for slot, member in enumerate(members):
                 nursery.start_soon(one, slot, member)
     finally:
-        # Once every member is answered, not as each is: the members' fingerprint work (C-34)
-        # does not hold up the others' answers.
+        # Once every member is answered: keeping their fingerprints (C-34) holds up no answer.
         for verified in answered:
             verified.reply_sent()
     return outcomes
