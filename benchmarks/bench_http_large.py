@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -44,8 +45,9 @@ from genrm_trio.config import Config
 from genrm_trio.core.canonical import digest_hex
 from genrm_trio.core.identity import ResponseIdentity
 from genrm_trio.core.texts import extract_scoring_text
+from genrm_trio.wire.bodies import VerifyRequest
 from genrm_trio.wire.parsing import parse_verify_body
-from genrm_trio.wire.rendering import render_scored_row
+from genrm_trio.wire.rendering import scored_row_parts
 
 METRICS = {
     "genrm_failed_comparison_rate_per_group": 0.0,
@@ -54,6 +56,13 @@ METRICS = {
     "std_individual_score": 1.25,
     "tiebreak_usage_rate": 0.0625,
 }
+
+
+def scored_row(request: VerifyRequest) -> bytes:
+    """The scored row as /verify sends it for a body in memory: its parts, joined."""
+    return b"".join(cast(list[bytes | memoryview], scored_row_parts(request, 3.5, METRICS)))
+
+
 _PLACEHOLDER = b"GROUP-PLACEHOLDER"
 
 
@@ -66,7 +75,7 @@ def own_work(body: bytes, config: Config, *, keep: bool) -> None:
     digest_hex({"input": prompt, "principle": parsed.principle})
     extract_scoring_text(response)
     del response, prompt
-    render_scored_row(parsed, 3.5, METRICS)
+    scored_row(parsed)
     if keep:
         identity.settle()
 

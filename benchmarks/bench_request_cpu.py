@@ -32,6 +32,7 @@ import hashlib
 import json
 import sys
 from pathlib import Path
+from typing import cast
 
 import msgspec
 
@@ -56,8 +57,9 @@ from genrm_trio.core.canonical import (
 )
 from genrm_trio.core.identity import ResponseIdentity
 from genrm_trio.core.texts import convert_history, extract_scoring_text
+from genrm_trio.wire.bodies import VerifyRequest
 from genrm_trio.wire.parsing import parse_verify_body
-from genrm_trio.wire.rendering import render_scored_row
+from genrm_trio.wire.rendering import scored_row_parts
 
 METRICS = {
     "genrm_failed_comparison_rate_per_group": 0.0,
@@ -66,6 +68,11 @@ METRICS = {
     "std_individual_score": 1.25,
     "tiebreak_usage_rate": 0.0625,
 }
+
+
+def scored_row(request: VerifyRequest) -> bytes:
+    """The scored row as /verify sends it for a body in memory: its parts, joined."""
+    return b"".join(cast(list[bytes | memoryview], scored_row_parts(request, 3.5, METRICS)))
 
 
 # Goal 1, for the body of 65,536 generated and 16,384 prompt tokens.
@@ -99,7 +106,7 @@ def main() -> None:
     config = Config(judge_base_url="http://127.0.0.1:1/v1", judge_model="judge")
     body = verify_body(shape, seed=1, group_id="g-1", slot=3)
     request = parse_verify_body(body, config)
-    raw = request.response_raw
+    raw = bytes(request.response_view())
     may_hold_nan = request.response_may_hold_nan
     scoring_view, input_value = request.take_scoring()
     decoded = request.response_value
@@ -119,7 +126,7 @@ def main() -> None:
         digest_hex({"input": prompt, "principle": parsed.principle})
         extract_scoring_text(response)
         del response, prompt
-        return render_scored_row(parsed, 3.5, METRICS)
+        return scored_row(parsed)
 
     def kept_request() -> None:
         # The same, and then what a finished group keeps once the reply is out (C-34).
@@ -129,7 +136,7 @@ def main() -> None:
         digest_hex({"input": prompt, "principle": parsed.principle})
         extract_scoring_text(response)
         del response, prompt
-        render_scored_row(parsed, 3.5, METRICS)
+        scored_row(parsed)
         identity.settle()
 
     def exact_retry() -> bytes:
@@ -138,7 +145,7 @@ def main() -> None:
         _, prompt = parsed.take_scoring()
         digest_hex({"input": prompt, "principle": parsed.principle})
         ResponseIdentity(parsed.response_view()).digest()
-        return render_scored_row(parsed, 3.5, METRICS)
+        return scored_row(parsed)
 
     def settle() -> None:
         ResponseIdentity(raw).settle()
@@ -153,7 +160,7 @@ def main() -> None:
         ),
         ("compaction: scoring texts", lambda: extract_scoring_text(scoring_view)),
         ("compaction: history (a group's first member)", lambda: convert_history(input_value)),
-        ("echo: render the scored row", lambda: render_scored_row(request, 3.5, METRICS)),
+        ("echo: render the scored row", lambda: scored_row(request)),
         (WHOLE, whole_request),
         (RETRY, exact_retry),
         (SETTLE, settle),

@@ -137,7 +137,9 @@ class Driver:
         self.nursery.start_soon(self._verify, request)
 
     async def _verify(self, request: VerifyRequest) -> None:
-        outcome = await self.engine.verify(request)
+        verified = await self.engine.verify(request)
+        verified.reply_sent()
+        outcome = verified.outcome
         if isinstance(outcome, Scored):
             self.scored += 1
         else:

@@ -47,7 +47,8 @@ async def load(engines: list[Engine], groups: int) -> tuple[float, float]:
     (/verify per second, ms CPU per /verify)."""
 
     async def one(engine: Engine, body: dict[str, Any]) -> None:
-        await engine.verify(parse_verify_body(msgspec.json.encode(body), engine.config))
+        verified = await engine.verify(parse_verify_body(msgspec.json.encode(body), engine.config))
+        verified.reply_sent()
 
     started, cpu = time.perf_counter(), cpu_seconds()
     async with trio.open_nursery() as nursery:

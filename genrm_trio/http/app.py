@@ -1,12 +1,13 @@
-"""The quart-trio application: routes that translate HTTP to engine calls and back.
+"""The quart-trio application: one server instance and the routes that translate HTTP to engine
+calls and back.
 
-No behaviour lives here beyond reading bodies, mapping errors to `{"detail": ...}` and writing
-replies; the engine and the wire module do the rest.
+No behaviour lives here beyond reading bodies and writing replies: `/verify` is its own module
+(``verify_route``), the replies and error mapping the routes share are in ``asgi``, and the
+engine and the wire module do the rest.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -22,15 +23,21 @@ from werkzeug.exceptions import (
     InternalServerError,
     MethodNotAllowed,
     RequestEntityTooLarge,
-    RequestTimeout,
 )
 
 from genrm_trio import __version__
 from genrm_trio.config import Config, config_from_mapping, config_warnings
 from genrm_trio.core import messages
-from genrm_trio.core.canonical import fingerprint_json
 from genrm_trio.core.groups import Masked, Outcome, Scored
-from genrm_trio.core.identity import ResponseIdentity
+from genrm_trio.http.asgi import (
+    ALLOW_POST,
+    JSON,
+    cancel_on_disconnect,
+    http_error_body,
+    http_error_reply,
+    refusal_reply,
+    send_reply,
+)
 from genrm_trio.http.gym_endpoints import register_gym_routes
 from genrm_trio.http.openapi import openapi_json
 from genrm_trio.http.openrlhf_endpoint import register_openrlhf_route
@@ -41,7 +48,8 @@ from genrm_trio.http.prometheus import (
     render_metrics,
 )
 from genrm_trio.http.receiving import BodyReceiver, Refused
-from genrm_trio.http.spool import Spool, SpoolBudget, SpoolError, SpoolFile, spool_failed
+from genrm_trio.http.spool import Spool, SpoolBudget
+from genrm_trio.http.verify_route import VerifyRoute
 from genrm_trio.http.whole_groups import (
     GROUP_ROUTE,
     first_rejection,
@@ -55,21 +63,11 @@ from genrm_trio.runtime.compare import CompareUnavailable, run_compare
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.runtime.stores import build_engine
-from genrm_trio.wire.bodies import BadRequest, EchoValue, FileSpan, VerifyRequest
-from genrm_trio.wire.parsing import body_too_large, parse_compare_body, parse_verify_body
-from genrm_trio.wire.rendering import (
-    bound_failure_text,
-    error_body,
-    masked_row_parts,
-    render_compare_reply,
-    render_healthz,
-    scored_row_parts,
-)
+from genrm_trio.wire.bodies import BadRequest
+from genrm_trio.wire.parsing import body_too_large, parse_compare_body
+from genrm_trio.wire.rendering import error_body, render_compare_reply, render_healthz
 
 log = logging.getLogger("genrm_trio")
-
-JSON = "application/json"
-
 
 VerifyASGI = Callable[[HTTPScope, ASGIReceiveCallable, ASGISendCallable], Awaitable[None]]
 
@@ -77,11 +75,9 @@ VerifyASGI = Callable[[HTTPScope, ASGIReceiveCallable, ASGISendCallable], Awaita
 class GenRMApp(QuartTrio):
     """A quart-trio app that carries its engine (one independent server instance, I-20).
 
-    `/verify` is the hot path: every rollout of every group passes through it, so it is
-    answered straight from ASGI, without Quart's per-request context, routing and response
-    objects, which cost about as much CPU as the rest of the request. It is the only
-    implementation of the route: Quart never sees `/verify`, so before/after-request hooks do
-    not run for it. `/verify_group` is answered from ASGI too, because Quart reads a body as it
+    `/verify`, the hot path, is answered straight from ASGI (``VerifyRoute``); Quart never
+    sees it, so before/after-request hooks do not run for it. `/verify_group` is answered from
+    ASGI too, because Quart reads a body as it
     arrives, before the handler runs: the group's body must wait, unread, for room in
     `waiting_body_memory_bytes`. Every other route goes through Quart.
     """
@@ -104,14 +100,12 @@ class GenRMApp(QuartTrio):
                     if scope["method"] == "POST":
                         await handler(scope, receive, send)
                     else:
-                        await _send_reply(
-                            send, 405, _http_error_body(MethodNotAllowed()), _ALLOW_POST
-                        )
+                        body = http_error_body(MethodNotAllowed())
+                        await send_reply(send, 405, body, ALLOW_POST)
                     return
         await super().__call__(scope, receive, send)
 
 
-_ALLOW_POST: Final = ((b"allow", b"POST"),)
 # With observability on, NeMo Gym calls every route of a server under `/ng-rollout/<rollout
 # id>/` (the id keys its captures); Gym's own servers strip the prefix before routing.
 _ROLLOUT_PREFIX: Final = re.compile(r"/ng-rollout/[A-Za-z0-9][A-Za-z0-9._-]*(/.*)")
@@ -133,113 +127,6 @@ def _is_path(scope: HTTPScope, route: str) -> bool:
 
 def _reply(status: int, payload: bytes) -> Response:
     return Response(payload, status=status, content_type=JSON)
-
-
-def _render_parts(request: VerifyRequest, outcome: Outcome) -> tuple[int, list[EchoValue]]:
-    """The reply in parts; a spooled request's large echoed values stay spans of its file."""
-    if isinstance(outcome, Scored):
-        return 200, scored_row_parts(request, outcome.reward, outcome.metrics)
-    if isinstance(outcome, Masked):
-        text = bound_failure_text(outcome.text, outcome.suffix)
-        return 200, masked_row_parts(request, text, outcome.placeholder)
-    return outcome.status, [error_body(outcome.detail)]
-
-
-def _spool_and_fingerprint(
-    spool: Spool, request: VerifyRequest
-) -> tuple[SpoolFile, tuple[bytes, bytes]]:
-    """In a worker thread: the body to a file, and what its member's identity needs once the
-    bytes are gone from memory (the raw digest and the canonical fingerprint)."""
-    file = spool.write_sync(request.body)
-    raw = request.response_view()
-    return file, (hashlib.sha256(raw).digest(), fingerprint_json(raw))
-
-
-async def _send_streamed(
-    send: ASGISendCallable, status: int, parts: list[EchoValue], spool: Spool, file: SpoolFile
-) -> None:
-    """Send a reply whose large parts are read from the request's spool file as it goes."""
-    length = sum(len(part) for part in parts)
-    # Opened before the head is sent, so that a missing file is still a whole 503.
-    async with spool.reader(file) as reader:
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % length)]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        pending: list[bytes | memoryview] = []
-        for part in parts:
-            if not isinstance(part, FileSpan):
-                pending.append(part)
-                continue
-            if pending:
-                await send(
-                    {"type": "http.response.body", "body": b"".join(pending), "more_body": True}
-                )
-                pending = []
-            try:
-                async for chunk in reader.chunks(part.start, part.end):
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except SpoolError as exc:
-                # The head is out: the connection is cut, and the length it announced tells the
-                # client the row is incomplete; it is never taken for a whole one.
-                raise RuntimeError(f"reply cut short: {exc.cause}") from None
-        await send({"type": "http.response.body", "body": b"".join(pending), "more_body": False})
-
-
-# A reply from a body in memory goes out in pieces of about this size: its large values are
-# views of the request's body, so no copy of the whole row is made while it is sent.
-REPLY_PIECE_BYTES: Final = 64 * 1024
-
-
-async def _send_parts(send: ASGISendCallable, status: int, parts: list[bytes | memoryview]) -> None:
-    length = sum(len(part) for part in parts)
-    if length <= REPLY_PIECE_BYTES:
-        await _send_reply(send, status, b"".join(parts))
-        return
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % length)]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    pending: list[bytes | memoryview] = []
-    pending_size = 0
-    for part in parts:
-        if len(part) < REPLY_PIECE_BYTES:
-            pending.append(part)
-            pending_size += len(part)
-            if pending_size < REPLY_PIECE_BYTES:
-                continue
-            piece = b"".join(pending)
-            pending, pending_size = [], 0
-            await send({"type": "http.response.body", "body": piece, "more_body": True})
-            continue
-        if pending:
-            piece = b"".join(pending)
-            pending, pending_size = [], 0
-            await send({"type": "http.response.body", "body": piece, "more_body": True})
-        view = memoryview(part)
-        for start in range(0, len(view), REPLY_PIECE_BYTES):
-            piece = bytes(view[start : start + REPLY_PIECE_BYTES])
-            await send({"type": "http.response.body", "body": piece, "more_body": True})
-    await send({"type": "http.response.body", "body": b"".join(pending), "more_body": False})
-
-
-async def _send_reply(
-    send: ASGISendCallable,
-    status: int,
-    payload: bytes,
-    extra_headers: tuple[tuple[bytes, bytes], ...] = (),
-) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(payload))]
-    headers.extend(extra_headers)
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload, "more_body": False})
-
-
-async def _cancel_on_disconnect(receive: ASGIReceiveCallable, scope: trio.CancelScope) -> None:
-    """Cancel ``scope`` once the client has gone (the body has been read by then)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()
-
-
-def _http_error_body(exc: HTTPException) -> bytes:
-    return error_body(f"{exc.name}: {exc.description}")
 
 
 def create_app(
@@ -300,109 +187,8 @@ def create_app(
         except RequestEntityTooLarge:
             raise BadRequest(413, body_too_large(config.max_body_bytes)) from None
 
-    too_large = error_body(body_too_large(config.max_body_bytes))
-
-    async def refuse(send: ASGISendCallable, refused: Refused) -> None:
-        metrics.verify("invalid")
-        if refused.status == 413:
-            await _send_reply(send, 413, too_large)
-        else:
-            await _send_reply(send, 408, _http_error_body(RequestTimeout()))
-
-    async def verify_asgi(
-        scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable
-    ) -> None:
-        """`POST /verify`, straight from ASGI."""
-        if engine.closed:
-            metrics.verify("unavailable")
-            await _send_reply(send, 503, error_body(messages.SHUTTING_DOWN))
-            return
-        async with receiver.receive(scope, receive) as received:
-            if received is None:
-                return  # the client left while sending
-            if isinstance(received, Refused):
-                await refuse(send, received)
-                return
-            try:
-                parsed = parse_verify_body(received.take_body(), config)
-            except BadRequest as exc:
-                metrics.verify("invalid")
-                await _send_reply(send, exc.status, error_body(exc.detail))
-                return
-            except Exception:
-                metrics.verify("error")
-                log.exception("Exception on request POST /verify")
-                await _send_reply(send, 500, _http_error_body(InternalServerError()))
-                return
-            if received.within_budget:
-                received.admitted()
-                await _verify_and_reply(parsed, None, receive, send)
-                return
-            # Beyond the memory budget the body waits in a file. Nothing has happened to the
-            # request's group yet, so a disk that cannot take it is a clean 503.
-            try:
-                file, known = await trio.to_thread.run_sync(_spool_and_fingerprint, spool, parsed)
-            except SpoolError as exc:
-                metrics.verify("unavailable")
-                await _send_reply(send, 503, error_body(spool_failed(exc.cause, budget)))
-                return
-            try:
-                parsed.known_fingerprints = known
-                engine.counters.response_digests += 1
-                engine.counters.canonical_fingerprints += 1
-                parsed.spool_out()
-                received.spooled()
-                await _verify_and_reply(parsed, file, receive, send)
-            finally:
-                await spool.remove(file)
-
-    async def _verify_and_reply(
-        parsed: VerifyRequest,
-        file: SpoolFile | None,
-        receive: ASGIReceiveCallable,
-        send: ASGISendCallable,
-    ) -> None:
-        def spool_out(identity: ResponseIdentity) -> None:
-            # The request waits and its body lives in the file only: the identity's view of
-            # the bytes it was built with goes too.
-            if file is not None:
-                identity.release()
-
-        reply: tuple[int, list[EchoValue]] | None = None
-        # Work the engine leaves for after the reply, so that it does not delay it.
-        after_reply: list[Callable[[], None]] = []
-        try:
-            try:
-                # A client that leaves while its group is still collecting or judging cancels
-                # only its own wait (C-51), as it does through Quart.
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
-                    outcome = await engine.verify(
-                        parsed, after_reply=after_reply, on_wait=spool_out
-                    )
-                    reply = _render_parts(parsed, outcome)
-                    nursery.cancel_scope.cancel()
-            except Exception:
-                metrics.verify("error")
-                log.exception("Exception on request POST /verify")
-                reply = (500, [_http_error_body(InternalServerError())])
-            if reply is None:
-                return
-            status, parts = reply
-            if file is not None and parsed.spooled:
-                try:
-                    await _send_streamed(send, status, parts, spool, file)
-                except SpoolError as exc:
-                    # Only a file that cannot be opened gets here: nothing was sent yet.
-                    log.error("GenRM could not read a spooled request body: %s", exc.cause)
-                    await _send_reply(send, 503, error_body(spool_failed(exc.cause, budget)))
-                return
-            await _send_parts(send, status, cast(list[bytes | memoryview], parts))
-        finally:
-            for work in after_reply:
-                work()
-
-    app.verify_asgi = verify_asgi
+    app.verify_asgi = VerifyRoute(engine, receiver, spool, config)
+    internal_error = http_error_reply(InternalServerError(), config.max_body_bytes)
 
     @app.post("/compare")
     async def compare() -> Response:
@@ -440,8 +226,8 @@ def create_app(
     ) -> None:
         """`POST /verify_group`, straight from ASGI."""
         if engine.closed:
-            metrics.verify("unavailable")
-            await _send_reply(send, 503, error_body(messages.SHUTTING_DOWN))
+            engine.verify_unanswered("unavailable")
+            await send_reply(send, 503, error_body(messages.SHUTTING_DOWN))
             return
         # A group's body stays in memory until the group is judged (it is not spooled: judging
         # starts as soon as it is read). Beyond the budget it waits unread, and the client's
@@ -450,14 +236,15 @@ def create_app(
             if received is None:
                 return  # the client left while sending
             if isinstance(received, Refused):
-                await refuse(send, received)
+                engine.verify_unanswered("invalid")
+                await send_reply(send, *refusal_reply(received, config.max_body_bytes))
                 return
             body = received.take_body()
             try:
                 group = parse_group_body(body, config)
             except BadRequest as exc:
-                metrics.verify("invalid")
-                await _send_reply(send, exc.status, error_body(exc.detail))
+                engine.verify_unanswered("invalid")
+                await send_reply(send, exc.status, error_body(exc.detail))
                 return
             del body
             received.admitted()
@@ -465,22 +252,22 @@ def create_app(
             try:
                 # A client that leaves ends its own wait only (C-51), as on /verify.
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+                    nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope)
                     outcomes = await run_members(engine, group.members)
                     nursery.cancel_scope.cancel()
             except Exception:
-                metrics.verify("error")
+                engine.verify_unanswered("error")
                 log.exception("Exception on request POST /verify_group")
-                await _send_reply(send, 500, _http_error_body(InternalServerError()))
+                await send_reply(send, *internal_error)
                 return
             if outcomes is None:
                 return
             rejected = first_rejection(outcomes)
             if rejected is not None:
-                await _send_reply(send, rejected.status, error_body(rejected.detail))
+                await send_reply(send, rejected.status, error_body(rejected.detail))
                 return
             rows = [o for o in outcomes if isinstance(o, Scored | Masked)]
-            await _send_reply(send, 200, render_group_reply(group, rows))
+            await send_reply(send, 200, render_group_reply(group, rows))
 
     app.group_asgi = group_asgi
 
@@ -519,9 +306,6 @@ def create_app(
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
-        status = exc.code or 500
-        if isinstance(exc, RequestEntityTooLarge):
-            return _reply(413, error_body(body_too_large(config.max_body_bytes)))
-        return _reply(status, error_body(f"{exc.name}: {exc.description}"))
+        return _reply(*http_error_reply(exc, config.max_body_bytes))
 
     return app

@@ -12,7 +12,7 @@ no echo, and a masked row's `reward` is null, never a number.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Final, Literal
 
@@ -22,7 +22,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from genrm_trio.config import Config
 from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
-from genrm_trio.runtime.engine import Engine
+from genrm_trio.runtime.engine import Engine, Verified
 from genrm_trio.wire import json_scan
 from genrm_trio.wire.bodies import INT64_MAX, BadRequest, VerifyRequest
 from genrm_trio.wire.parsing import parse_verify_body, split_members
@@ -179,21 +179,23 @@ async def run_members(engine: Engine, members: Sequence[VerifyRequest]) -> list[
     the result are None.
     """
     outcomes: list[Outcome | None] = [None] * len(members)
-    after_reply: list[Callable[[], None]] = []
+    answered: list[Verified] = []
     try:
         async with trio.open_nursery() as nursery:
 
             async def one(slot: int, member: VerifyRequest) -> None:
-                outcome = await engine.verify(member, after_reply=after_reply)
-                outcomes[slot] = outcome
-                if isinstance(outcome, Rejected):
+                verified = await engine.verify(member)
+                answered.append(verified)
+                outcomes[slot] = verified.outcome
+                if isinstance(verified.outcome, Rejected):
                     nursery.cancel_scope.cancel()
 
             for slot, member in enumerate(members):
                 nursery.start_soon(one, slot, member)
     finally:
-        for work in after_reply:
-            work()
+        # Once every member is answered: keeping their fingerprints (C-34) holds up no answer.
+        for verified in answered:
+            verified.reply_sent()
     return outcomes
 
 

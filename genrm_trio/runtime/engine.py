@@ -66,7 +66,6 @@ class MemberRequest(Protocol):
     prompt_id: str | None
     principle: str | None
     baseline: str | None
-    known_fingerprints: tuple[bytes, bytes] | None
     resend: str | None
 
     def take_scoring(self) -> tuple[Any, Any]:
@@ -77,6 +76,28 @@ class MemberRequest(Protocol):
     def response_view(self) -> memoryview:
         """The response's bytes as sent."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """An answered /verify: its outcome, its ``genrm_verify_requests_total`` label, and what its
+    member's response identity still needs once the reply is written."""
+
+    outcome: Outcome
+    label: str
+    identity_done: Callable[[], None] | None = None
+
+    @classmethod
+    def of(
+        cls, outcome: Outcome, *, replay: bool, identity_done: Callable[[], None] | None = None
+    ) -> Verified:
+        return cls(outcome, verify_label(outcome, replay=replay), identity_done)
+
+    def reply_sent(self) -> None:
+        """The reply is out, or the request ended without one: the member's identity keeps its
+        fingerprint for replays (C-34) or lets the response's bytes go. Call it once."""
+        if self.identity_done is not None:
+            self.identity_done()
 
 
 @dataclass
@@ -189,23 +210,34 @@ class Engine:
     # ---- /verify -------------------------------------------------------------------------------
 
     async def verify(
-        self,
-        request: MemberRequest,
-        *,
-        after_reply: list[Callable[[], None]] | None = None,
-        on_wait: Callable[[ResponseIdentity], None] | None = None,
-    ) -> Outcome:
+        self, request: MemberRequest, *, fingerprints: tuple[bytes, bytes] | None = None
+    ) -> Verified:
         """Answer one validated /verify request: a scored or masked outcome, or a rejection.
 
-        A request that waited may leave work for after its reply is written (keeping its
-        member's fingerprint for replays, C-34): appended to ``after_reply`` when given, for the
-        caller to run once the reply is out, else done before returning. ``on_wait`` is called,
-        synchronously, when the request starts waiting, with the identity that still holds a
-        view of its response's bytes.
+        ``fingerprints``: the response's raw SHA-256 and canonical fingerprint, computed before
+        its bytes left memory (a body that waits in a spool file). The caller calls
+        ``reply_sent`` on the result once the reply is written, or the request ended without
+        one. Every outcome is counted here, once.
         """
-        prepared = self._arrival(request)
+        if fingerprints is not None:
+            # Computed off the event loop, before the body went to its file (C-23).
+            self.counters.response_digests += 1
+            self.counters.canonical_fingerprints += 1
+        verified = await self._verify(request, fingerprints)
+        self.metrics.verify(verified.label)
+        return verified
+
+    def verify_unanswered(self, label: str) -> None:
+        """Count a /verify (or a whole group) that got no outcome from the engine: refused or
+        invalid before it arrived, a spool file that failed, a server shutting down, a defect."""
+        self.metrics.verify(label)
+
+    async def _verify(
+        self, request: MemberRequest, fingerprints: tuple[bytes, bytes] | None
+    ) -> Verified:
+        prepared = self._arrival(request, fingerprints)
         if isinstance(prepared, Scored | Rejected):
-            return prepared
+            return Verified.of(prepared, replay=False)
         arrival, identity = prepared
         woken = trio.Event()
         decision = self.registry.arrive(arrival, trio.current_time(), woken.set)
@@ -214,11 +246,8 @@ class Engine:
         self._apply(decision.effects)
         reply = decision.reply
         if isinstance(reply, Answer):
-            self.metrics.verify(verify_label(reply.outcome, replay=True))
-            return reply.outcome
+            return Verified.of(reply.outcome, replay=True)
         done = partial(self.registry.identity_done, reply.record, reply.slot, identity)
-        if on_wait is not None:
-            on_wait(identity)
         try:
             await woken.wait()
         except BaseException:
@@ -227,22 +256,17 @@ class Engine:
             done()
             raise
         assert reply.waiter.outcome is not None
-        self.metrics.verify(verify_label(reply.waiter.outcome, replay=False))
-        if after_reply is None:
-            done()
-        else:
-            after_reply.append(done)
-        return reply.waiter.outcome
+        # Keeping the member's fingerprint for replays (C-34) may cost a canonical fingerprint
+        # of the whole response: it waits until the reply is out, so as not to delay it.
+        return Verified.of(reply.waiter.outcome, replay=False, identity_done=done)
 
     def _arrival(
-        self, request: MemberRequest
+        self, request: MemberRequest, fingerprints: tuple[bytes, bytes] | None
     ) -> tuple[Arrival, ResponseIdentity] | Scored | Rejected:
         """The request reduced to what the group engine needs, or its answer if it needs none."""
         if self.closed:
-            self.metrics.verify("unavailable")
             return Rejected(503, messages.SHUTTING_DOWN)
         if not self.config.group_mode:
-            self.metrics.verify("scored")
             return Scored(self.config.default_score, None)
         if request.group_id is not None and not request.attempt_given:
             if not self._attempt_omission_logged:
@@ -252,9 +276,8 @@ class Engine:
         # none of it is kept while the request waits (I-10). The response is known by its raw
         # bytes; its canonical fingerprint is computed only when needed (C-24).
         response, input_value = request.take_scoring()
-        identity = ResponseIdentity(
-            request.response_view(), self.counters, known=request.known_fingerprints
-        )
+        # A spooled body's view is empty: comparing uses the fingerprints taken before it went.
+        identity = ResponseIdentity(request.response_view(), self.counters, known=fingerprints)
         self.counters.fingerprints += 1
         assert request.rollout_index is not None
         arrival = Arrival(

@@ -28,7 +28,6 @@ from genrm_trio.core.groups import (
     Decision,
     GroupCounts,
     GroupRegistry,
-    Outcome,
     Phase,
     Record,
     Rejected,
@@ -40,12 +39,11 @@ from genrm_trio.core.groups import (
 )
 from genrm_trio.core.identity import ResponseIdentity
 from genrm_trio.core.pairs import Comparison
-from genrm_trio.core.server_metrics import verify_label
 from genrm_trio.core.verdicts import Verdict
 from genrm_trio.judge.client import JudgeFailure
 from genrm_trio.judge.slots import JudgeSlots
 from genrm_trio.judge.transport import TransportFactory
-from genrm_trio.runtime.engine import Engine, MemberRequest, _first_error
+from genrm_trio.runtime.engine import Engine, MemberRequest, Verified, _first_error
 from genrm_trio.runtime.hooks import Hooks, call_hook
 from genrm_trio.runtime.judge_budget import SharedJudgeBudget
 from genrm_trio.store.records import StoreMeta
@@ -147,16 +145,12 @@ class SharedEngine(Engine):
 
     # ---- /verify -------------------------------------------------------------------------------
 
-    async def verify(
-        self,
-        request: MemberRequest,
-        *,
-        after_reply: list[Callable[[], None]] | None = None,
-        on_wait: Callable[[ResponseIdentity], None] | None = None,
-    ) -> Outcome:
-        prepared = self._arrival(request)
+    async def _verify(
+        self, request: MemberRequest, fingerprints: tuple[bytes, bytes] | None
+    ) -> Verified:
+        prepared = self._arrival(request, fingerprints)
         if isinstance(prepared, Scored | Rejected):
-            return prepared
+            return Verified.of(prepared, replay=False)
         arrival, identity = prepared
         # Extraction runs once per accepted member even if the transaction is run again (C-31).
         arrival.prepare = _once(arrival.prepare)
@@ -180,8 +174,7 @@ class SharedEngine(Engine):
             raise
         if arriving.failed is not None:
             identity.release()
-            self.metrics.verify("unavailable")
-            return arriving.failed
+            return Verified(arriving.failed, "unavailable")
         decision = arriving.decision
         assert decision is not None
         reply = decision.reply
@@ -189,10 +182,7 @@ class SharedEngine(Engine):
         # process needs the bytes only for the reply's echo, which the request holds itself.
         if isinstance(reply, Answer):
             identity.release()
-            self.metrics.verify(verify_label(reply.outcome, replay=True))
-            return reply.outcome
-        if on_wait is not None:
-            on_wait(identity)
+            return Verified.of(reply.outcome, replay=True)
         try:
             await woken.wait()
         except BaseException:
@@ -202,13 +192,8 @@ class SharedEngine(Engine):
         # Usually gone already (delivery pops it); not when the transaction that made this
         # request wait also ended its group (a later member of the same batch failing it).
         self._unregister(_rid(reply.record), reply.waiter)
-        if after_reply is None:
-            identity.release()
-        else:
-            after_reply.append(identity.release)
         assert reply.waiter.outcome is not None
-        self.metrics.verify(verify_label(reply.waiter.outcome, replay=False))
-        return reply.waiter.outcome
+        return Verified.of(reply.waiter.outcome, replay=False, identity_done=identity.release)
 
     def _enqueue(self, ref: str, arriving: _Arriving) -> None:
         """Arrivals of one group in this process go to the store together, one transaction

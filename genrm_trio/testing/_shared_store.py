@@ -70,4 +70,6 @@ async def shared_engines(
 
 async def verify(engine: SharedEngine, body: dict[str, Any]) -> Outcome:
     request = parse_verify_body(msgspec.json.encode(body), engine.config)
-    return await engine.verify(request)
+    verified = await engine.verify(request)
+    verified.reply_sent()
+    return verified.outcome

@@ -127,18 +127,9 @@ class VerifyRequest:
     response_scoring: Any
     response_may_hold_nan: bool  # False when it was read as standard JSON
     echo: RowEcho
-    # The response's raw SHA-256 and canonical fingerprint, when computed before the request
-    # reached the engine (a body about to be spooled, whose bytes will not stay in memory).
-    known_fingerprints: tuple[bytes, bytes] | None = None
     # Why the row is a resend of one rollout (C-99): Gym's retry count `_ng_attempt_index`
     # >= 1, or a masked row posted back; None for a row of a first dispatch.
     resend: str | None = None
-
-    @property
-    def response_raw(self) -> bytes:
-        """The response value's bytes as sent (a copy; the request keeps no second one)."""
-        start, end = self.response_span
-        return self.body[start:end]
 
     def response_view(self) -> memoryview:
         """The response value's bytes as sent, without a copy (it keeps the body alive)."""
@@ -184,11 +175,6 @@ class VerifyRequest:
             raise RuntimeError("the decoded response and input were already taken")
         self.response_scoring = self.input_value = _TAKEN
         return response, input_value
-
-    def take_decoded(self) -> tuple[Any, Any]:
-        """(the whole response decoded, prompt input); like ``take_scoring``, only once."""
-        _, input_value = self.take_scoring()
-        return self.response_value, input_value
 
 
 # What the decoded fields of a VerifyRequest hold once taken; no JSON value decodes to it.

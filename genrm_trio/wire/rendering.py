@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import msgspec
 
@@ -30,17 +30,11 @@ _METRIC_KEY_JSON: Final = {key: b"," + canonical_json(key) + b":" for key in MET
 _ENCODER: Final = msgspec.json.Encoder()
 
 
-def render_scored_row(
-    req: VerifyRequest, reward: float, metrics: Mapping[str, float] | None
-) -> bytes:
-    """W-20: the echo, then reward and the unmasked flags, then the five group metrics if given."""
-    return b"".join(_in_memory(scored_row_parts(req, reward, metrics)))
-
-
 def scored_row_parts(
     req: VerifyRequest, reward: float, metrics: Mapping[str, float] | None
 ) -> list[EchoValue]:
-    """The scored row in order, with the spans of a spooled body left to be read."""
+    """W-20: the echo, then reward and the unmasked flags, then the five group metrics if
+    given; in order, with the spans of a spooled body left to be read."""
     parts = _echo_parts(req.echo.members)
     parts.append(b'"reward":')
     parts.append(_number(reward))
@@ -51,17 +45,6 @@ def scored_row_parts(
             parts.append(_number(metrics[key]))
     parts.append(b"}")
     return parts
-
-
-def render_masked_row(req: VerifyRequest, failure_text: str, placeholder: float = 0.0) -> bytes:
-    """W-30…W-33: the masked row (see ``masked_row_parts``)."""
-    return b"".join(_in_memory(masked_row_parts(req, failure_text, placeholder)))
-
-
-def _in_memory(parts: list[EchoValue]) -> list[bytes | memoryview]:
-    if any(isinstance(part, FileSpan) for part in parts):
-        raise ValueError("the request's body waits in a spool file; stream its row instead")
-    return cast(list[bytes | memoryview], parts)
 
 
 def masked_row_parts(

@@ -19,6 +19,7 @@ from genrm_trio.testing._shared_store import shared_config, shared_engines
 from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
+from genrm_trio.testing.scenarios.drivers import engine_outcome
 from genrm_trio.wire.parsing import parse_verify_body
 
 SETTINGS: dict[str, Any] = {
@@ -79,7 +80,7 @@ async def play(engines: list[Engine], bodies: list[dict[str, Any]], seed: int) -
     async def send(index: int, engine: Engine, body: dict[str, Any]) -> None:
         request = parse_verify_body(msgspec.json.encode(body), engine.config)
         with scopes.setdefault(index, trio.CancelScope()):
-            answers[index] = seen(await engine.verify(request))
+            answers[index] = seen(await engine_outcome(engine, request))
             return
         answers[index] = ("disconnected",)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from row_texts import masked_row, response_bytes, scored_row
 
 from genrm_trio.config import Config
 from genrm_trio.core.messages import MIGRATION_SUFFIX
@@ -18,8 +19,6 @@ from genrm_trio.wire.rendering import (
     bound_failure_text,
     error_body,
     render_healthz,
-    render_masked_row,
-    render_scored_row,
 )
 from genrm_trio.wire.schema import Healthz, MaskedRow, VerifyRow
 
@@ -93,7 +92,7 @@ def full_request() -> bytes:
 
 
 def test_a_scored_row_echoes_every_value_byte_for_byte() -> None:
-    row = render_scored_row(parse(full_request()), 4.25, METRICS)
+    row = scored_row(parse(full_request()), 4.25, METRICS)
     assert b'"response":' + RESPONSE + b"," in row
     assert b'"responses_create_params":' + PARAMS + b"," in row
     assert b'"task":' + TASK + b"," in row
@@ -103,7 +102,7 @@ def test_a_scored_row_echoes_every_value_byte_for_byte() -> None:
 
 
 def test_a_scored_row_has_the_w20_keys_in_order() -> None:
-    row = render_scored_row(parse(full_request()), 4.25, METRICS)
+    row = scored_row(parse(full_request()), 4.25, METRICS)
     request_keys = ["responses_create_params", "response", "task", "_ng_group_id"]
     coordinates = ["_ng_group_attempt", "_ng_rollout_index", "_ng_task_index"]
     assert keys(row) == request_keys + coordinates + SCORED_TAIL + METRIC_ORDER
@@ -121,7 +120,7 @@ def test_present_coordinates_keep_their_place_in_canonical_json() -> None:
         b'{"_ng_rollout_index" : 1, "response": {"output": []}, "_ng_group_id":"g\xc3\xa9",'
         b' "responses_create_params": {"input": "q"}}'
     )
-    row = render_scored_row(parse(text), 3.0, None)
+    row = scored_row(parse(text), 3.0, None)
     assert row == (
         b'{"_ng_rollout_index":1,"response":{"output": []},"_ng_group_id":"g\\u00e9",'
         b'"responses_create_params":{"input": "q"},"_ng_group_attempt":0,"_ng_task_index":null,'
@@ -131,7 +130,7 @@ def test_present_coordinates_keep_their_place_in_canonical_json() -> None:
 
 def test_absent_coordinates_are_added_in_order_with_their_effective_values() -> None:
     text = b'{"responses_create_params": {"input": "q"}, "response": {"output": []}, "x": 1}'
-    row = render_scored_row(parse(text, SINGLE), 3.0, None)
+    row = scored_row(parse(text, SINGLE), 3.0, None)
     assert row == (
         b'{"responses_create_params":{"input": "q"},"response":{"output": []},"x":1,'
         b'"_ng_group_id":null,"_ng_group_attempt":0,"_ng_rollout_index":null,'
@@ -142,14 +141,14 @@ def test_absent_coordinates_are_added_in_order_with_their_effective_values() -> 
 
 def test_plain_coordinate_names_are_echoed_only_when_sent() -> None:
     text = full_request()[:-1] + b', "group_id": "mine", "task_index": [3]}'
-    values = as_dict(render_scored_row(parse(text), 3.0, None))
+    values = as_dict(scored_row(parse(text), 3.0, None))
     assert (values["group_id"], values["task_index"]) == ("mine", [3])
     assert "group_attempt" not in values and "rollout_index" not in values
 
 
 def test_non_standard_literals_are_echoed_unchanged() -> None:
     text = full_request().replace(b'"big": ', b'"lp": [NaN, Infinity, -Infinity, -0.5], "big": ')
-    row = render_scored_row(parse(text), 3.0, None)
+    row = scored_row(parse(text), 3.0, None)
     assert b'"lp": [NaN, Infinity, -Infinity, -0.5]' in row
     lp = as_dict(row)["response"]["lp"]
     assert math.isnan(lp[0]) and lp[1:] == [math.inf, -math.inf, -0.5]
@@ -160,7 +159,7 @@ def test_client_values_of_server_owned_keys_are_replaced_each_key_once() -> None
         b', "reward": 7, "mask_sample": true, "failure_reason": "x",'
         b' "tiebreak_usage_rate": NaN, "_ng_failure_class": "judge_failed"}'
     )
-    row = render_scored_row(parse(text), 2.0, METRICS)
+    row = scored_row(parse(text), 2.0, METRICS)
     names = keys(row)
     for key in ["reward", "mask_sample", "failure_reason", "tiebreak_usage_rate"]:
         assert names.count(key) == 1
@@ -172,24 +171,24 @@ def test_client_values_of_server_owned_keys_are_replaced_each_key_once() -> None
 
 def test_rewards_are_written_as_shortest_round_trip_floats() -> None:
     request = parse(full_request())
-    assert b'"reward":3.0,' in render_scored_row(request, 3, None)
-    assert b'"reward":0.30000000000000004,' in render_scored_row(request, 0.1 + 0.2, None)
-    assert b'"reward":-1e-05,' in render_scored_row(request, -0.00001, None)
+    assert b'"reward":3.0,' in scored_row(request, 3, None)
+    assert b'"reward":0.30000000000000004,' in scored_row(request, 0.1 + 0.2, None)
+    assert b'"reward":-1e-05,' in scored_row(request, -0.00001, None)
     for bad in (math.nan, math.inf):
         with pytest.raises(ValueError, match="finite"):
-            render_scored_row(request, bad, None)
+            scored_row(request, bad, None)
 
 
 def test_single_rollout_rows_carry_no_group_metrics() -> None:
-    row = render_scored_row(parse(full_request(), SINGLE), 3.0, None)
+    row = scored_row(parse(full_request(), SINGLE), 3.0, None)
     assert not set(METRIC_ORDER) & set(keys(row))
 
 
 def test_a_scored_row_posted_back_is_the_same_request() -> None:
     request = parse(full_request())
-    row = render_scored_row(request, 4.25, METRICS)
+    row = scored_row(request, 4.25, METRICS)
     again = parse(row)
-    assert again.response_raw == request.response_raw == RESPONSE
+    assert response_bytes(again) == response_bytes(request) == RESPONSE
     assert (again.group_id, again.attempt, again.rollout_index, again.task_index) == (
         "g",
         1,
@@ -197,14 +196,14 @@ def test_a_scored_row_posted_back_is_the_same_request() -> None:
         None,
     )
     assert again.attempt_given
-    assert render_scored_row(again, 4.25, METRICS) == row
+    assert scored_row(again, 4.25, METRICS) == row
 
 
 def test_scored_and_masked_rows_decode_as_the_documented_types() -> None:
     request = parse(full_request().replace(b', "\\ud800"', b', "x"').replace(b"\\ud800", b"x"))
-    scored = msgspec.json.decode(render_scored_row(request, 4.25, METRICS), type=VerifyRow)
+    scored = msgspec.json.decode(scored_row(request, 4.25, METRICS), type=VerifyRow)
     assert (scored.reward, scored.mask_sample, scored.ng_group_id) == (4.25, False, "g")
-    masked = msgspec.json.decode(render_masked_row(request, "boom"), type=MaskedRow)
+    masked = msgspec.json.decode(masked_row(request, "boom"), type=MaskedRow)
     assert (masked.mask_sample, masked.failure_reason, masked.ng_failure_class) == (
         True,
         "boom",
@@ -226,7 +225,7 @@ def test_a_masked_row_carries_the_failure_and_no_metrics() -> None:
     text = (
         "GenRM rollout_index=1 lost a comparison to a judge failure (1 of 2 comparisons failed): x"
     )
-    row = render_masked_row(with_instance_config(b'{"task": "keep"}'), text)
+    row = masked_row(with_instance_config(b'{"task": "keep"}'), text)
     assert b'"response":' + RESPONSE + b"," in row
     names = keys(row)
     assert names[-len(MASKED_TAIL) :] == MASKED_TAIL
@@ -243,7 +242,7 @@ def test_a_masked_row_carries_the_failure_and_no_metrics() -> None:
 
 
 def test_an_object_instance_config_gains_mask_sample_in_place() -> None:
-    row = render_masked_row(with_instance_config(b'{"task": "keep"}'), "boom")
+    row = masked_row(with_instance_config(b'{"task": "keep"}'), "boom")
     assert b'"instance_config":{"task":"keep","mask_sample":true},"after":1,' in row
     names = keys(row)
     assert names.index("instance_config") < names.index("after") < names.index("_ng_task_index")
@@ -251,19 +250,19 @@ def test_an_object_instance_config_gains_mask_sample_in_place() -> None:
 
 def test_an_existing_mask_sample_is_set_where_it_stands_and_other_values_keep_their_bytes() -> None:
     raw = b'{"mask_sample": false, "lp": [NaN, 1.50], "mask_sample": 0, "z": {"a":1,"a":2}}'
-    row = render_masked_row(with_instance_config(raw), "boom")
+    row = masked_row(with_instance_config(raw), "boom")
     assert b'"instance_config":{"mask_sample":true,"lp":[NaN, 1.50],"z":{"a":1,"a":2}}' in row
 
 
 @pytest.mark.parametrize("raw", [b'"x"', b"null", b"[1]", b"7"])
 def test_an_instance_config_that_is_not_an_object_is_replaced(raw: bytes) -> None:
-    row = render_masked_row(with_instance_config(raw), "boom")
+    row = masked_row(with_instance_config(raw), "boom")
     assert b'"instance_config":{"mask_sample":true},"after":1,' in row
 
 
 def test_an_absent_instance_config_is_added_after_the_request_keys() -> None:
     text = b'{"responses_create_params": {"input": "q"}, "response": {"output": []}, "x": 1}'
-    row = render_masked_row(parse(text, SINGLE), "boom")
+    row = masked_row(parse(text, SINGLE), "boom")
     assert keys(row)[:5] == [
         "responses_create_params",
         "response",
@@ -276,21 +275,21 @@ def test_an_absent_instance_config_is_added_after_the_request_keys() -> None:
 
 def test_the_scored_row_of_the_same_request_keeps_instance_config_as_sent() -> None:
     request = with_instance_config(b'{"task" : "keep"}')
-    assert b'"instance_config":{"task" : "keep"},' in render_scored_row(request, 1.0, None)
+    assert b'"instance_config":{"task" : "keep"},' in scored_row(request, 1.0, None)
 
 
 def test_a_masked_row_posted_back_is_the_same_request() -> None:
     request = with_instance_config(b'{"task": "keep"}')
-    again = parse(render_masked_row(request, "boom"))
-    assert again.response_raw == RESPONSE
+    again = parse(masked_row(request, "boom"))
+    assert response_bytes(again) == RESPONSE
     assert (again.group_id, again.attempt, again.rollout_index) == ("g", 1, 1)
 
 
 def test_failure_text_is_bounded_to_2000_code_points() -> None:
     request = parse(full_request())
-    row = render_masked_row(request, "é" * 2500)
+    row = masked_row(request, "é" * 2500)
     assert as_dict(row)["failure_reason"] == "é" * 2000
-    assert as_dict(render_masked_row(request, "short"))["failure_reason"] == "short"
+    assert as_dict(masked_row(request, "short"))["failure_reason"] == "short"
 
 
 def test_the_legacy_suffix_is_never_cut() -> None:
@@ -304,7 +303,7 @@ def test_the_legacy_suffix_is_never_cut() -> None:
     assert len(bounded) == 2000
     assert bounded.endswith(MIGRATION_SUFFIX)
     assert bounded.startswith(text[:100])
-    row_text = as_dict(render_masked_row(parse(full_request()), bounded))["failure_reason"]
+    row_text = as_dict(masked_row(parse(full_request()), bounded))["failure_reason"]
     assert row_text == bounded
     assert bound_failure_text("short", MIGRATION_SUFFIX) == "short" + MIGRATION_SUFFIX
     assert bound_failure_text("x" * 2001) == "x" * 2000
@@ -312,7 +311,7 @@ def test_the_legacy_suffix_is_never_cut() -> None:
 
 def test_failure_texts_with_any_code_points_make_valid_json() -> None:
     text = "GenRM cohort 'group_id::\ud800é\"\n::group_attempt::0' failed"
-    row = render_masked_row(parse(full_request()), text)
+    row = masked_row(parse(full_request()), text)
     assert as_dict(row)["failure_reason"] == text
 
 
@@ -355,17 +354,17 @@ def test_a_masked_row_names_principle_and_prompt_id_as_gyms_failure_rows_do() ->
     # Gym's failure rows are its whole verify request dumped, so principle and prompt_id are
     # there (null) even when the request left them out; scored rows do not carry them.
     request = parse(full_request())
-    masked = as_dict(render_masked_row(request, "boom"))
+    masked = as_dict(masked_row(request, "boom"))
     assert (masked["principle"], masked["prompt_id"]) == (None, None)
-    names = keys(render_masked_row(request, "boom"))
+    names = keys(masked_row(request, "boom"))
     assert names.index("_ng_task_index") < names.index("principle") < names.index("prompt_id")
     assert names.index("prompt_id") < names.index("reward")
-    scored = as_dict(render_scored_row(request, 1.0, METRICS))
+    scored = as_dict(scored_row(request, 1.0, METRICS))
     assert "principle" not in scored and "prompt_id" not in scored
 
 
 def test_a_masked_row_keeps_a_principle_and_prompt_id_that_were_sent() -> None:
     text = full_request()[:-1] + b', "principle": "Be brief", "prompt_id": null}'
-    row = render_masked_row(parse(text), "boom")
+    row = masked_row(parse(text), "boom")
     assert keys(row).count("principle") == 1 and keys(row).count("prompt_id") == 1
     assert (as_dict(row)["principle"], as_dict(row)["prompt_id"]) == ("Be brief", None)

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from row_texts import masked_row, response_bytes, scored_row
 
 from genrm_trio.config import Config
 from genrm_trio.wire.bodies import BadRequest, VerifyRequest
 from genrm_trio.wire.parsing import parse_verify_body
-from genrm_trio.wire.rendering import render_masked_row, render_scored_row
 
 GROUP = Config(judge_base_url="http://judge/v1", judge_model="m", num_rollouts_per_prompt=2)
 SINGLE = Config(judge_base_url="http://judge/v1", judge_model="m", num_rollouts_per_prompt=1)
@@ -71,7 +71,7 @@ def test_a_harness_member_is_read_completely() -> None:
     assert request.principle is None and request.baseline is None
     assert request.input_value == "2+2?"
     assert request.response_value == member(1, g="g7", a=3)["response"]
-    assert request.response_raw == json.dumps(member(1, g="g7", a=3)["response"]).encode()
+    assert response_bytes(request) == json.dumps(member(1, g="g7", a=3)["response"]).encode()
 
 
 def test_legacy_keys_and_principle_are_read() -> None:
@@ -135,7 +135,7 @@ def test_repeated_keys_inside_values_are_accepted_last_one_winning() -> None:
     text = encode(member(0)).replace(b'"id": ', b'"id": "first", "id": ', 1)
     request = parse_verify_body(text, GROUP)
     assert request.response_value["id"] == "r-g-0-0"
-    assert b'"id": "first", "id": "r-g-0-0"' in request.response_raw
+    assert b'"id": "first", "id": "r-g-0-0"' in response_bytes(request)
 
 
 def test_a_body_over_the_limit_is_413() -> None:
@@ -362,7 +362,7 @@ def test_non_standard_literals_are_accepted_in_free_form_values() -> None:
     request = parse_verify_body(text, GROUP)
     logprobs = request.response_value["logprobs"]
     assert math.isnan(logprobs[0]) and logprobs[1:] == [math.inf, -math.inf, -0.5]
-    assert b"[NaN, Infinity, -Infinity, -0.5]" in request.response_raw
+    assert b"[NaN, Infinity, -Infinity, -0.5]" in response_bytes(request)
 
 
 @pytest.mark.parametrize("key", ["_ng_group_attempt", "_ng_rollout_index", "_ng_task_index"])
@@ -490,9 +490,9 @@ def check_round_trip(request: VerifyRequest, config: Config) -> None:
             0.25,
         )
     )
-    for row in (render_scored_row(request, 3.0, metrics), render_masked_row(request, "boom")):
+    for row in (scored_row(request, 3.0, metrics), masked_row(request, "boom")):
         again = parse_verify_body(row, config)
-        assert again.response_raw == request.response_raw
+        assert response_bytes(again) == response_bytes(request)
         coordinates = (again.group_id, again.attempt, again.rollout_index, again.task_index)
         assert coordinates == (
             request.group_id,

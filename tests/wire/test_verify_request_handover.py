@@ -31,17 +31,19 @@ def live_responses() -> int:
 def test_the_decoded_parts_are_taken_once_and_then_released() -> None:
     data = body()
     request = parse_verify_body(data, CONFIG)
-    response, prompt = request.take_decoded()
+    scoring, prompt = request.take_scoring()
+    response = request.response_value
     assert response["generation_log_probs"] == [-0.5, -1.25]
     assert prompt == "2+2?"
     with pytest.raises(RuntimeError, match="already taken"):
-        request.take_decoded()
-    del response
+        request.take_scoring()
+    del scoring, response
     gc.collect()
     assert live_responses() == 0
     # The echo still has the response exactly as sent.
-    assert request.response_raw == json.dumps(json.loads(data)["response"]).encode()
-    assert request.response_raw in data
+    raw = bytes(request.response_view())
+    assert raw == json.dumps(json.loads(data)["response"]).encode()
+    assert raw in data
 
 
 def test_only_a_lenient_read_may_hold_nan() -> None:

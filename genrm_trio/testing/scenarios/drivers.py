@@ -30,7 +30,7 @@ from genrm_trio.testing.scenarios.steps import (
     STORE_EPOCH,
     Via,
 )
-from genrm_trio.wire.bodies import METRIC_KEYS
+from genrm_trio.wire.bodies import METRIC_KEYS, VerifyRequest
 from genrm_trio.wire.parsing import parse_verify_body
 
 
@@ -62,6 +62,13 @@ def seen_reply(reply: Reply) -> Seen:
     return Seen("scored", 200, reward=float(body["reward"]), metrics=metrics or None)
 
 
+async def engine_outcome(engine: Engine, request: VerifyRequest) -> Outcome:
+    """``Engine.verify``'s outcome, its reply taken as written at once."""
+    verified = await engine.verify(request)
+    verified.reply_sent()
+    return verified.outcome
+
+
 class EngineDriver:
     """Straight into `Engine.verify` with a parsed body: the fast path for long runs."""
 
@@ -70,7 +77,7 @@ class EngineDriver:
 
     async def verify(self, body: dict[str, Any], engine: int = 0) -> Seen:
         parsed = parse_verify_body(msgspec.json.encode(body), self.engine.config)
-        return seen_outcome(await self.engine.verify(parsed))
+        return seen_outcome(await engine_outcome(self.engine, parsed))
 
     async def shutdown(self) -> None:
         await self.engine.shutdown()
@@ -154,7 +161,7 @@ class SharedDriver:
     async def verify(self, body: dict[str, Any], engine: int = 0) -> Seen:
         target = self.engines[engine]
         parsed = parse_verify_body(msgspec.json.encode(body), target.config)
-        return seen_outcome(await target.verify(parsed))
+        return seen_outcome(await engine_outcome(target, parsed))
 
     async def shutdown(self) -> None:
         for engine in self.engines:
