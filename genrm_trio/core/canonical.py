@@ -113,17 +113,18 @@ def _decoded_fingerprint(raw: bytes | bytearray | memoryview | str) -> bytes:
 # a marker string; the rest (the skeleton, a few KB) is decoded and packed as usual, and each
 # array's packed form is spliced in where its marker's packed form is. An array is packed in
 # pieces of about PIECE_BYTES of text, decoded by the same decoder, so only a piece's numbers
-# exist at a time. msgpack writes an array as its header (from its length) followed by its
-# items, each written on its own, so the bytes hashed are the same as the whole text's packed
-# form, and so is the fingerprint. Whatever this path cannot show to be the same (a marker
-# that does not come back as exactly one whole string, text msgspec refuses, a value msgpack
-# refuses, a count that does not add up) sends the text to the whole decode, which decides.
+# exist at a time (and a piece's buffers stay below serve's mmap threshold, so they are not
+# fresh pages each time). msgpack writes an array as its header (from its length) followed by
+# its items, each written on its own, so the bytes hashed are the same as the whole text's
+# packed form, and so is the fingerprint. Whatever this path cannot show to be the same (a
+# marker that does not come back as exactly one whole string, text msgspec refuses, a value
+# msgpack refuses, an empty piece) sends the text to the whole decode, which decides.
 
 # Texts from this size on are tried this way; arrays of numbers above SPLICE_MIN_ARRAY_BYTES of
 # text are cut out.
 SPLICE_MIN_TEXT_BYTES = 1 << 16
 SPLICE_MIN_ARRAY_BYTES = 1 << 12
-PIECE_BYTES = 1 << 14
+PIECE_BYTES = 1 << 16
 # Two families of marker strings; each marker is 40 bytes: its family's prefix, its number.
 _MARKS = (b"~genrm-trio:array-at-", b"~genrm-trio:array-no-")
 _MARK_BYTES = 40
@@ -220,7 +221,11 @@ def _marked_skeleton(
     for index in range(len(arrays)):
         mark = _mark(prefix, index)
         at = packed.find(mark)
-        if at < header or packed[at - header : at] != _MARK_HEADER or packed.find(mark, at + 1) >= 0:
+        if (
+            at < header
+            or packed[at - header : at] != _MARK_HEADER
+            or packed.find(mark, at + 1) >= 0
+        ):
             return None
         places.append((at - header, index))
     places.sort()
@@ -280,6 +285,7 @@ def _packed_numbers(data: bytes, opening: int, end: int) -> list[bytes | memoryv
     its header and the items of each piece; None if a piece is not valid JSON or holds a value
     msgpack refuses."""
     last = end - 1  # the closing bracket
+    view = memoryview(data)
     pieces: list[bytes | memoryview] = []
     count = 0
     pos = opening + 1
@@ -289,7 +295,7 @@ def _packed_numbers(data: bytes, opening: int, end: int) -> list[bytes | memoryv
         if cut < 0:
             cut = last
         try:
-            items = _JSON_DECODER.decode(b"[" + data[pos:cut] + b"]")
+            items = _JSON_DECODER.decode(b"".join((b"[", view[pos:cut], b"]")))
             packed = _PACKER.encode(items)
         except (msgspec.MsgspecError, OverflowError):
             return None

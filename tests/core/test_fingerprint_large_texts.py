@@ -22,7 +22,7 @@ from genrm_trio.core.canonical import fingerprint, fingerprint_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from _common import BodyShape, response_object  # noqa: E402
+from _common import BodyShape, response_object
 
 Outcome = tuple[str, Any]
 
@@ -98,14 +98,23 @@ def dump(value: Any, rng: random.Random, ensure_ascii: bool) -> str:
         return (
             "{"
             + ",".join(
-                space() + json.dumps(key, ensure_ascii=ensure_ascii) + space() + ":" + space()
-                + dump(item, rng, ensure_ascii) + space()
+                space()
+                + json.dumps(key, ensure_ascii=ensure_ascii)
+                + space()
+                + ":"
+                + space()
+                + dump(item, rng, ensure_ascii)
+                + space()
                 for key, item in members
             )
             + "}"
         )
     if isinstance(value, list):
-        return "[" + ",".join(space() + dump(item, rng, ensure_ascii) + space() for item in value) + "]"
+        return (
+            "["
+            + ",".join(space() + dump(item, rng, ensure_ascii) + space() for item in value)
+            + "]"
+        )
     return json.dumps(value, ensure_ascii=ensure_ascii)
 
 
@@ -143,7 +152,7 @@ def test_piecewise_packing_agrees_on_arbitrary_text(text: str, piece_bytes: int)
     "text",
     [
         '{"a": [1, 2, 3], "b": [4.5, -0.0, 1e3]}',
-        '[1, 2, 3]',
+        "[1, 2, 3]",
         '{"a": [ ], "b": [\n]}',
         '{"a": [1, 2,], "b": 1}',
         '{"a": [1,, 2]}',
@@ -191,7 +200,10 @@ def test_array_headers_of_every_size(count: int) -> None:
     text = json.dumps({"a": items, "b": [0.5] * count}).encode()
     for piece_bytes in (0, 7, 1 << 14):
         assert spliced_outcome(text, piece_bytes) == reference(text)
-    assert canonical._array_header(count) == canonical._PACKER.encode(items)[: 1 + 2 * (count >= 16) + 2 * (count >= 65_536)]
+    assert (
+        canonical._array_header(count)
+        == canonical._PACKER.encode(items)[: 1 + 2 * (count >= 16) + 2 * (count >= 65_536)]
+    )
 
 
 def rollout_text(tokens: int, seed: int) -> bytes:
