@@ -8,7 +8,8 @@ divided by the requests; it includes hypercorn and h11, reading and joining the 
 judging the pair, writing the reply, and keeping each member's fingerprint once the group is
 done. In process, this script's thread CPU for the steps Engine.verify and the reply run for a
 new member ("own work": validation, prompt digest, scoring texts, the group's history once per
-group, the row), and the same plus keeping the fingerprint a finished group needs for replays
+group, the row's parts as the server writes them: views of the request's bytes, not one joined
+copy), and the same plus keeping the fingerprint a finished group needs for replays
 ("own work + fingerprint kept": the raw digest and the canonical fingerprint). Not in either:
 the group bookkeeping and the pair's one judge call (small next to a 2 MB body). The in-process
 steps run under the process settings `serve` makes (glibc's fixed mmap threshold, the
@@ -50,7 +51,7 @@ from genrm_trio.core.identity import ResponseIdentity
 from genrm_trio.core.texts import convert_history, extract_scoring_text
 from genrm_trio.process_tuning import prepare_collector, return_large_blocks_to_the_system
 from genrm_trio.wire.parsing import parse_verify_body
-from genrm_trio.wire.rendering import render_scored_row
+from genrm_trio.wire.rendering import scored_row_parts
 
 METRICS = {
     "genrm_failed_comparison_rate_per_group": 0.0,
@@ -74,7 +75,7 @@ def own_work(body: bytes, config: Config, *, keep: bool, first: bool) -> None:
     if first:
         convert_history(prompt)
     del response, prompt
-    render_scored_row(parsed, 3.5, METRICS)
+    scored_row_parts(parsed, 3.5, METRICS)
     if keep:
         identity.settle()
 
