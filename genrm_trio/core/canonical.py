@@ -140,7 +140,8 @@ def _bytes_and_span(raw: bytes | bytearray | memoryview) -> tuple[bytes, int, in
     view into its request body): the view's bytes are found in it, checked whole."""
     if isinstance(raw, bytes):
         return raw, 0, len(raw)
-    if isinstance(raw, memoryview) and isinstance(raw.obj, bytes) and raw.contiguous:
+    if isinstance(raw, memoryview) and isinstance(raw.obj, bytes) and raw.c_contiguous:
+        raw = raw.cast("B")  # bytes, whatever the view's format
         whole = raw.obj
         size = raw.nbytes
         prefix = raw[:64]
