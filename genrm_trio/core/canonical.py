@@ -133,6 +133,9 @@ _MARK_BYTES = 40
 # follows them was packed as a whole string.
 _MARK_HEADER = b"\xd9\x28"
 _NOT_IN_NUMBER_ARRAYS = (b'"', b"{", b"}")
+# A skeleton with more brackets than this may nest deep enough for the whole decode to raise
+# RecursionError (about 1,000 levels), which this path must not hide.
+_SKELETON_MAX_OPENINGS = 512
 
 
 def _bytes_and_span(raw: bytes | bytearray | memoryview) -> tuple[bytes, int, int]:
@@ -213,8 +216,11 @@ def _marked_skeleton(
         parts += (view[pos:opening], b'"', _mark(prefix, index), b'"')
         pos = closing
     parts.append(view[pos:end])
+    skeleton = b"".join(parts)
+    if skeleton.count(b"[") + skeleton.count(b"{") > _SKELETON_MAX_OPENINGS:
+        return None  # possibly nested deeper than the whole decode reaches: it decides
     try:
-        packed = _PACKER.encode(_JSON_DECODER.decode(b"".join(parts)))
+        packed = _PACKER.encode(_JSON_DECODER.decode(skeleton))
     except (msgspec.MsgspecError, UnicodeEncodeError, OverflowError, RecursionError):
         return None
     places: list[tuple[int, int]] = []

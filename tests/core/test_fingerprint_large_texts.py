@@ -10,6 +10,7 @@ import random
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -256,3 +257,17 @@ def test_long_arrays_inside_strings_are_not_cut_out() -> None:
     assert spliced_outcome(text, 1 << 14) == reference(text)
     with splicing(1 << 14, min_array_bytes=canonical.SPLICE_MIN_ARRAY_BYTES):
         assert fingerprint_json(text) == fingerprint(value)
+
+
+def test_deep_nesting_raises_where_the_whole_decode_does() -> None:
+    numbers = json.dumps(list(range(2_000)))
+
+    def nested(depth: int) -> bytes:
+        return ("[" * depth + numbers + "]" * depth).encode()
+
+    # The depth at which the whole decode starts to raise RecursionError, from about here.
+    limit = next(d for d in range(500, 5_000, 10) if reference(nested(d))[0] == "error")
+    with splicing(1 << 14, min_array_bytes=canonical.SPLICE_MIN_ARRAY_BYTES):
+        for depth in [3, *range(limit - 30, limit + 10)]:
+            text = nested(depth)
+            assert outcome(partial(fingerprint_json, text)) == reference(text), depth
