@@ -265,9 +265,14 @@ def test_deep_nesting_raises_where_the_whole_decode_does() -> None:
     def nested(depth: int) -> bytes:
         return ("[" * depth + numbers + "]" * depth).encode()
 
+    def public(text: bytes, *, splice: bool) -> Outcome:
+        # The same entry point, so the same stack depth, with and without the piecewise path.
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(canonical, "SPLICE_MIN_TEXT_BYTES", 0 if splice else 1 << 62)
+            return outcome(partial(fingerprint_json, text))
+
     # The depth at which the whole decode starts to raise RecursionError, from about here.
-    limit = next(d for d in range(500, 5_000, 10) if reference(nested(d))[0] == "error")
-    with splicing(1 << 14, min_array_bytes=canonical.SPLICE_MIN_ARRAY_BYTES):
-        for depth in [3, *range(limit - 30, limit + 10)]:
-            text = nested(depth)
-            assert outcome(partial(fingerprint_json, text)) == reference(text), depth
+    limit = next(d for d in range(500, 5_000, 10) if public(nested(d), splice=False)[0] == "error")
+    for depth in [3, *range(limit - 30, limit + 10)]:
+        text = nested(depth)
+        assert public(text, splice=True) == public(text, splice=False), depth
