@@ -143,17 +143,16 @@ def _bytes_and_span(raw: bytes | bytearray | memoryview) -> tuple[bytes, int, in
     view into its request body): the view's bytes are found in it, checked whole."""
     if isinstance(raw, bytes):
         return raw, 0, len(raw)
-    if isinstance(raw, memoryview) and isinstance(raw.obj, bytes) and raw.c_contiguous:
-        raw = raw.cast("B")  # bytes, whatever the view's format
-        whole = raw.obj
-        size = raw.nbytes
-        prefix = raw[:64]
+    whole = raw.obj if isinstance(raw, memoryview) and raw.c_contiguous else None
+    if isinstance(whole, bytes):
+        view = memoryview(raw).cast("B")  # bytes, whatever the view's format
+        prefix = view[:64]
         at = whole.find(prefix)
         for _ in range(8):
             if at < 0:
                 break
-            if whole.startswith(raw, at):
-                return whole, at, at + size
+            if whole.startswith(view, at):
+                return whole, at, at + view.nbytes
             at = whole.find(prefix, at + 1)
     data = bytes(raw)
     return data, 0, len(data)

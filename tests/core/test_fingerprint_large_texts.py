@@ -65,6 +65,7 @@ _numbers = st.one_of(
 )
 _leaves = st.one_of(
     _numbers,
+    st.lists(_numbers | st.booleans() | st.none(), max_size=40),
     st.none(),
     st.booleans(),
     st.text(max_size=6),
@@ -75,7 +76,6 @@ _leaves = st.one_of(
 _values = st.recursive(
     _leaves,
     lambda children: st.one_of(
-        st.lists(_numbers | st.booleans() | st.none(), max_size=40),
         st.lists(children, max_size=4),
         st.dictionaries(st.sampled_from(["a", "b", "é", "[", MARK, MARK_B]), children, max_size=4),
     ),
