@@ -7,11 +7,16 @@ once, each on its own connection, as a trainer does), its process CPU from /proc
 divided by the requests; it includes hypercorn and h11, reading and joining the body, validation,
 judging the pair, writing the reply, and keeping each member's fingerprint once the group is
 done. In process, this script's thread CPU for the steps Engine.verify and the reply run for a
-new member ("own work"), and the same plus keeping the fingerprint a finished group needs for
-replays ("own work + fingerprint kept"). Rounds alternate between the two, so other load on the
-machine touches both alike; the medians of the rounds are compared. Bodies are what NeMo Gym
-sends (bench_request_cpu.py's shape: generated tokens, a quarter as many prompt tokens, log-probs
-with 16-17 significant digits).
+new member ("own work": validation, prompt digest, scoring texts, the group's history once per
+group, the row's parts as the server writes them: views of the request's bytes, not one joined
+copy), and the same plus keeping the fingerprint a finished group needs for replays
+("own work + fingerprint kept": the raw digest and the canonical fingerprint). Not in either:
+the group bookkeeping and the pair's one judge call (small next to a 2 MB body). The in-process
+steps run under the process settings `serve` makes (glibc's fixed mmap threshold, the
+collector's thresholds), so fresh pages a step takes from the kernel count on both sides.
+Rounds alternate between the two, so other load on the machine touches both alike; the medians
+of the rounds are compared. Bodies are what NeMo Gym sends (bench_request_cpu.py's shape:
+generated tokens, a quarter as many prompt tokens, log-probs with 16-17 significant digits).
 
     python benchmarks/bench_http_large.py                 # 65,536 tokens (about 2 MB), 6 rounds
     python benchmarks/bench_http_large.py --short         # 3 rounds of fewer requests
@@ -26,7 +31,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -44,8 +48,8 @@ from _common import (
 from genrm_trio.config import Config
 from genrm_trio.core.canonical import digest_hex
 from genrm_trio.core.identity import ResponseIdentity
-from genrm_trio.core.texts import extract_scoring_text
-from genrm_trio.wire.bodies import VerifyRequest
+from genrm_trio.core.texts import convert_history, extract_scoring_text
+from genrm_trio.process_tuning import prepare_collector, return_large_blocks_to_the_system
 from genrm_trio.wire.parsing import parse_verify_body
 from genrm_trio.wire.rendering import scored_row_parts
 
@@ -58,32 +62,30 @@ METRICS = {
 }
 
 
-def scored_row(request: VerifyRequest) -> bytes:
-    """The scored row as /verify sends it for a body in memory: its parts, joined."""
-    return b"".join(cast(list[bytes | memoryview], scored_row_parts(request, 3.5, METRICS)))
-
-
 _PLACEHOLDER = b"GROUP-PLACEHOLDER"
 
 
-def own_work(body: bytes, config: Config, *, keep: bool) -> None:
+def own_work(body: bytes, config: Config, *, keep: bool, first: bool) -> None:
     """What the server does in process for a new member, then its reply; with ``keep``, also
-    the fingerprint a finished group keeps."""
+    the fingerprint a finished group keeps; ``first``: the group's first member, whose history
+    the group converts (C-32)."""
     parsed = parse_verify_body(body, config)
     response, prompt = parsed.take_scoring()
     identity = ResponseIdentity(parsed.response_view())
     digest_hex({"input": prompt, "principle": parsed.principle})
     extract_scoring_text(response)
+    if first:
+        convert_history(prompt)
     del response, prompt
-    scored_row(parsed)
+    scored_row_parts(parsed, 3.5, METRICS)
     if keep:
         identity.settle()
 
 
 def in_process_ms(body: bytes, config: Config, count: int, *, keep: bool) -> float:
     started = time.thread_time()
-    for _ in range(count):
-        own_work(body, config, keep=keep)
+    for index in range(count):
+        own_work(body, config, keep=keep, first=index % 2 == 0)
     return (time.thread_time() - started) * 1e3 / count
 
 
@@ -131,6 +133,8 @@ def main() -> None:
     ]
     body = b"g-0".join(templates[0])
     config = Config(judge_base_url="http://127.0.0.1:1/v1", judge_model="judge")
+    return_large_blocks_to_the_system()
+    prepare_collector()
     judge = start_fake_judge()
     server = start_server(judge.url, 2, (), "--log-level", "ERROR")
     http_rounds: list[float] = []

@@ -19,7 +19,9 @@ msgspec as a fast encoder), the decoded object given.
 A new member's request no longer computes a fingerprint: its response is known by its raw bytes
 (C-24). The canonical fingerprint and the raw digest are computed when a finished group keeps
 the member for replays ("keep the fingerprint"), after its reply is written; an exact retry
-costs one SHA-256 of its raw bytes.
+costs one SHA-256 of its raw bytes. The fingerprint from raw bytes packs the response's long
+arrays of numbers piece by piece; the row marked "before" decodes the whole text at once (the
+same fingerprint).
 
     python benchmarks/bench_request_cpu.py              # 65,536 generated + 16,384 prompt ids
     python benchmarks/bench_request_cpu.py --short      # 8,192 + 2,048, fewer rounds
@@ -50,6 +52,7 @@ from _common import (
 )
 
 from genrm_trio.config import Config
+from genrm_trio.core import canonical
 from genrm_trio.core.canonical import (
     digest_hex,
     fingerprint_decoded,
@@ -167,6 +170,10 @@ def main() -> None:
         (KEPT, kept_request),
         (FINGERPRINT, lambda: fingerprint_decoded(decoded, may_hold_nan=may_hold_nan)),
         ("fingerprint from raw bytes, decode included", lambda: fingerprint_json(raw)),
+        (
+            "before: fingerprint from raw bytes, the whole text decoded at once",
+            lambda: canonical._decoded_fingerprint(raw),
+        ),
         (FLOOR, lambda: hashlib.sha256(raw).digest()),
         (
             MSGSPEC_REFERENCE,

@@ -92,11 +92,14 @@ def split_object(
     """
     typed = decode_as or {}
     text = None
-    if validate:
+    if validate and not data.isascii():
+        # ASCII text is UTF-8 as it is; only other text is decoded to check it (a copy as
+        # large as the body, kept for the lenient splitter).
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise JsonScanError(f"invalid UTF-8 at byte {exc.start}") from None
+    if validate:
         if len(data) >= SCAN_MIN_BYTES:
             scanned = _split_scanned(data, decode, typed)
             if scanned is not None:
@@ -105,8 +108,8 @@ def split_object(
     members = _split_standard(data)
     if members is None:
         if text is None:
-            return _split_lenient(data, data.decode("utf-8"), ())
-        return _split_lenient(data, text, decode)
+            text = data.decode("utf-8")
+        return _split_lenient(data, text, decode if validate else ())
     if not validate:
         return members
     return [_decode_member(data, m, typed.get(m.key)) if m.key in decode else m for m in members]

@@ -186,3 +186,30 @@ def test_scanned_and_whole_text_splits_agree_on_any_object(
 def test_scanned_and_whole_text_splits_agree_on_arbitrary_text(text: str) -> None:
     scanned, whole = both_ways(text.encode(), {"a"})
     assert scanned == whole
+
+
+@pytest.mark.parametrize(
+    ("tail", "expected"),
+    [
+        (b'"a": "\xc3\xa9 \xe2\x82\xac"}', ("members", "\u00e9 \u20ac")),
+        (b'"a": "\xff"}', ("error", "invalid UTF-8 at byte {at}")),
+        (b'"a": "\xc3"}', ("error", "invalid UTF-8 at byte {at}")),
+        (b'"a": "\xed\xa0\x80"}', ("error", "invalid UTF-8 at byte {at}")),
+        (b'"a": "x"}\xff', ("error", "invalid UTF-8 at byte {end}")),
+    ],
+)
+@pytest.mark.parametrize("pad", [0, SCAN_MIN_BYTES])
+def test_text_is_checked_as_utf8_whether_ascii_or_not(
+    tail: bytes, expected: tuple[str, str], pad: int
+) -> None:
+    head = ('{"pad": ' + padding(pad) + ", ").encode()
+    data = head + tail
+    scanned, whole = both_ways(data, {"a"})
+    assert scanned == whole
+    kind, detail = expected
+    if kind == "error":
+        position = len(head) + 6 if "{at}" in detail else len(data) - 1
+        assert scanned == ("error", detail.format(at=position, end=position))
+    else:
+        assert scanned[0] == "members"
+        assert json.loads(scanned[1][-1][-1]) == detail
