@@ -138,10 +138,10 @@ async def test_a_body_sent_slowly_in_pieces_gets_the_row_it_gets_sent_at_once() 
                         await trio.sleep(0.05)
                         await stream.send_all(piece)
                 elif index == 1:
-                    # The head with the start of the body, then the rest later.
-                    await stream.send_all(head(len(body)) + body[:5000])
+                    # The head with more of the body than one read takes, then the rest later.
+                    await stream.send_all(head(len(body)) + body[:40_000])
                     await trio.sleep(0.05)
-                    await stream.send_all(body[5000:])
+                    await stream.send_all(body[40_000:])
                 elif index == 2:
                     # The client asks before it sends its body.
                     await stream.send_all(head(len(body), extra=b"expect: 100-continue\r\n"))
