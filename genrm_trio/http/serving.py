@@ -95,6 +95,10 @@ RECEIVING_REQUESTS = 64
 # threshold (process_tuning.LARGE_ALLOCATION_BYTES). Larger buffers are mappings of their own,
 # given back to the system whole, and leave no holes in the heap.
 GATHERED_BODY_BYTES = 128 * 1024
+# How much of a request's head is looked at, before it is read, for its Content-Length.
+HEAD_PEEK_BYTES = 2048
+# A Content-Length field in a request's head (field names are case-insensitive).
+_CONTENT_LENGTH = re.compile(rb"\ncontent-length:[ \t]*(\d{1,12})[ \t]*\r?\n", re.IGNORECASE)
 # The end of a request's head as h11 finds it (h11._receivebuffer.blank_line_regex).
 _HEAD_END = re.compile(b"\n\r?\n")
 # Where the application finds its connection's ReadGate in ``scope["state"]``.
@@ -148,7 +152,7 @@ class GatedTCPServer(TCPServer):
                 if self.turns is not None and self._between_requests():
                     with trio.fail_after(limit):
                         await trio.lowlevel.wait_readable(self.stream.socket)
-                    if self._expects_head():
+                    if self._expects_head() and await self._declares_small_body():
                         # A request is coming: waiting for its turn is not idling, and must
                         # not end in the keep-alive timeout.
                         await self.idle_task.stop()
@@ -187,8 +191,11 @@ class GatedTCPServer(TCPServer):
                 await self.protocol.handle(RawData(b""))
                 return True
             # A read that did not fill its buffer took all the kernel had: mostly a whole small
-            # request, handed over in one piece as it came.
+            # request, handed over in one piece as it came. A head declaring a body too large to
+            # gather goes with the start of its body in one piece too, as it always did.
             end = _HEAD_END.search(data) if len(data) == FIRST_READ_BYTES else None
+            if end is not None and not _may_gather(data, end.end()):
+                end = None
             if end is None:
                 turns.release()
                 turn = False
@@ -232,6 +239,16 @@ class GatedTCPServer(TCPServer):
             if turn:
                 turns.release()
 
+    async def _declares_small_body(self) -> bool:
+        """Whether the request the client is sending declares, in the first bytes of its head,
+        a body small enough to gather (only a hint: h11's reading of the head decides). Larger
+        bodies are read as they come, without a turn: in turns, the first reads of a step of
+        2 MB bodies spread out, more of each body came in small reads, and the heap grew with
+        them (docs/performance.md)."""
+        start = await self.stream.socket.recv(HEAD_PEEK_BYTES, socket.MSG_PEEK)
+        end = _HEAD_END.search(start)
+        return end is not None and _may_gather(start, end.end())
+
     def _no_request(self) -> bool:
         """h11 has not seen the head of a request yet."""
         connection = self._h11()
@@ -274,6 +291,13 @@ class GatedTCPServer(TCPServer):
             return 0
         length: int = reader._remaining
         return length if started < length <= GATHERED_BODY_BYTES else 0
+
+
+def _may_gather(data: bytes, head_end: int) -> bool:
+    """Whether the head at the start of ``data`` declares a body small enough to gather. Only a
+    hint, from the first Content-Length field: h11's own reading of the head decides."""
+    declared = _CONTENT_LENGTH.search(data, 0, head_end)
+    return declared is not None and int(declared[1]) <= GATHERED_BODY_BYTES
 
 
 def _read_now(socket_: trio.socket.SocketType, size: int) -> bytes | None:
