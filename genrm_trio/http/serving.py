@@ -20,12 +20,12 @@ A whole step posted at once puts thousands of requests in the kernel before the 
 any, and Trio runs every connection's next step in turn: each read buffer, each copy h11 and
 hypercorn make and each piece of a body waiting for the rest was then alive for thousands of
 connections at once, and the heap kept the high-water mark as holes between the bodies that
-stayed (a quarter of a GiB for 8,192 bodies of 35 KB). So a request is read in a turn: at most
-``RECEIVING_REQUESTS`` connections at once read a request's head and, when its length is declared
-and at most ``GATHERED_BODY_BYTES``, its whole body into one buffer of that length, handed to h11
-in one piece (the application then takes it as one chunk, without joining pieces). A connection
-gives its turn up as soon as it would wait: for the client's bytes, for its gate, or for a body
-too large to gather; the rest of its reads go as before.
+stayed (a quarter of a GiB for 8,192 bodies of 35 KB). So a request whose head declares a body
+of at most ``GATHERED_BODY_BYTES`` is read in a turn: at most ``RECEIVING_REQUESTS`` connections
+at once read such a request's head and its whole body, into one buffer of its length, handed to
+h11 in one piece (the application then takes it as one chunk, without joining pieces). A
+connection gives its turn up as soon as it would wait, for the client's bytes or for its gate;
+the rest of its reads go as before, and so do larger bodies.
 """
 
 from __future__ import annotations
@@ -245,7 +245,10 @@ class GatedTCPServer(TCPServer):
         bodies are read as they come, without a turn: in turns, the first reads of a step of
         2 MB bodies spread out, more of each body came in small reads, and the heap grew with
         them (docs/performance.md)."""
-        start = await self.stream.socket.recv(HEAD_PEEK_BYTES, socket.MSG_PEEK)
+        try:
+            start = await self.stream.socket.recv(HEAD_PEEK_BYTES, socket.MSG_PEEK)
+        except OSError as exc:
+            raise _stream_error(exc) from None
         end = _HEAD_END.search(start)
         return end is not None and _may_gather(start, end.end())
 
