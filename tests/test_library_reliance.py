@@ -10,9 +10,12 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
+import h11
 import hypercorn.protocol.h11
 import hypercorn.trio.tcp_server
 import pytest
+from h11._readers import ContentLengthReader
+from hypercorn.protocol import ProtocolWrapper
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
@@ -59,3 +62,25 @@ def test_each_setting_serve_chooses_is_still_read_by_hypercorn(setting: str, rea
 def test_an_unset_read_timeout_means_no_deadline_on_a_waiting_request() -> None:
     config = Config(judge_base_url="http://judge.invalid/v1", judge_model="m")
     assert hypercorn_settings(config).read_timeout is None
+
+
+def test_the_read_loop_finds_what_h11_still_expects_of_a_request_where_it_looks() -> None:
+    # GatedTCPServer reads a request's head and small body in a turn: it asks hypercorn's
+    # protocol for its h11 connection, and h11 for its state, reader and buffer.
+    assert "= h11.Connection(" in inspect.getsource(hypercorn.protocol.h11.H11Protocol.__init__)
+    assert "self.protocol = H11Protocol(" in inspect.getsource(ProtocolWrapper.__init__)
+    connection = h11.Connection(h11.SERVER)
+    connection.receive_data(b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: 5\r\n\r\nab")
+    assert connection.their_state is h11.IDLE and len(connection._receive_buffer) > 0
+    assert isinstance(connection.next_event(), h11.Request)
+    assert connection.their_state is h11.SEND_BODY
+    reader = connection._reader
+    assert isinstance(reader, ContentLengthReader)
+    assert (reader._length, reader._remaining) == (5, 5)
+    connection.next_event()
+    assert reader._remaining == 3 and not connection._receive_buffer
+    # While a request waits for its turn, the read loop stops the keep-alive timer as
+    # hypercorn does when a request starts, and starts it again as hypercorn does.
+    run = inspect.getsource(TCPServer.run)
+    assert "await self.idle_task.restart(self._task_group, self._idle_timeout)" in run
+    assert "self.idle_task = TrioSingleTask()" in inspect.getsource(TCPServer.__init__)

@@ -212,7 +212,10 @@ class BodyReceiver:
                     deadline += trio.current_time() - waited_from
             budget.receiving += len(chunk)
             received._counted += len(chunk)
-            chunks.append(chunk)
+            if chunk:
+                # hypercorn ends every body with an empty message: a body read in one piece is
+                # then taken as it is, not joined with it into a copy.
+                chunks.append(chunk)
             if not message.get("more_body", False):
                 break
         received.size = size

@@ -15,6 +15,17 @@ Each connection's reads pass a ``ReadGate`` the application finds in its scope's
 request waits for room in the memory budget its gate is shut, and its body stays in the kernel
 and the client (TCP's own backpressure) instead of piling up in hypercorn's queue. Reads start
 small, so that a connection holds little while it waits, and grow while a body streams in.
+
+A whole step posted at once puts thousands of requests in the kernel before the server reads
+any, and Trio runs every connection's next step in turn: each read buffer, each copy h11 and
+hypercorn make and each piece of a body waiting for the rest was then alive for thousands of
+connections at once, and the heap kept the high-water mark as holes between the bodies that
+stayed (a quarter of a GiB for 8,192 bodies of 35 KB). So a request whose head declares a body
+of at most ``GATHERED_BODY_BYTES`` is read in a turn: at most ``RECEIVING_REQUESTS`` connections
+at once read such a request's head and its whole body, into one buffer of its length, handed to
+h11 in one piece (the application then takes it as one chunk, without joining pieces). A
+connection gives its turn up as soon as it would wait, for the client's bytes or for its gate;
+the rest of its reads go as before, and so do larger bodies.
 """
 
 from __future__ import annotations
@@ -23,14 +34,18 @@ import errno
 import logging
 import math
 import os
+import re
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
+import h11
 import trio
+from h11._readers import ContentLengthReader
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.events import Closed, RawData
+from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.statsd import StatsdLogger
 from hypercorn.trio.tcp_server import TCPServer
@@ -73,6 +88,19 @@ FIRST_READ_BYTES = 32 * 1024
 # Reads double while each one fills its buffer, up to this: a 2 MB body then takes about a dozen
 # reads instead of 64 (each read is one trip through h11, hypercorn's queue and the scheduler).
 LARGEST_READ_BYTES = 256 * 1024
+# Connections reading a request in their turn at once (see the module's docstring): enough to keep
+# the event loop busy, few enough that their buffers are a few MiB that the next ones reuse.
+RECEIVING_REQUESTS = 64
+# A body with a declared length up to this is read whole in its request's turn: glibc's mmap
+# threshold (process_tuning.LARGE_ALLOCATION_BYTES). Larger buffers are mappings of their own,
+# given back to the system whole, and leave no holes in the heap.
+GATHERED_BODY_BYTES = 128 * 1024
+# How much of a request's head is looked at, before it is read, for its Content-Length.
+HEAD_PEEK_BYTES = 2048
+# A Content-Length field in a request's head (field names are case-insensitive).
+_CONTENT_LENGTH = re.compile(rb"\ncontent-length:[ \t]*(\d{1,12})[ \t]*\r?\n", re.IGNORECASE)
+# The end of a request's head as h11 finds it (h11._receivebuffer.blank_line_regex).
+_HEAD_END = re.compile(b"\n\r?\n")
 # Where the application finds its connection's ReadGate in ``scope["state"]``.
 READ_GATE_KEY: Final = "genrm_trio.read_gate"
 
@@ -106,11 +134,14 @@ class ReadGate:
 
 
 class GatedTCPServer(TCPServer):
-    """hypercorn's connection handler, reading through a ``ReadGate`` with adaptive read sizes."""
+    """hypercorn's connection handler, reading through a ``ReadGate`` with adaptive read sizes,
+    each request's head and small body in a turn of ``turns`` when it is given one."""
 
-    def __init__(self, *args: Any, gate: ReadGate) -> None:
+    def __init__(self, *args: Any, gate: ReadGate, turns: trio.Semaphore | None = None) -> None:
         super().__init__(*args)
         self.read_gate = gate
+        # Turns read the socket directly: a plain TCP stream (`serve` serves no TLS).
+        self.turns = turns if isinstance(self.stream, trio.SocketStream) else None
 
     async def _read_data(self) -> None:
         size = FIRST_READ_BYTES
@@ -118,6 +149,19 @@ class GatedTCPServer(TCPServer):
         while True:
             await self.read_gate.wait_open()
             try:
+                if self.turns is not None and self._between_requests():
+                    with trio.fail_after(limit):
+                        await trio.lowlevel.wait_readable(self.stream.socket)
+                    if self._expects_head() and await self._declares_small_body():
+                        # A request is coming: waiting for its turn is not idling, and must
+                        # not end in the keep-alive timeout.
+                        await self.idle_task.stop()
+                        if await self._read_request_in_turn(self.turns):
+                            break  # the client closed the connection
+                        if self._no_request():
+                            await self.idle_task.restart(self._task_group, self._idle_timeout)
+                        size = FIRST_READ_BYTES
+                        continue
                 with trio.fail_after(limit):
                     data = await self.stream.receive_some(size)
             except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
@@ -130,6 +174,160 @@ class GatedTCPServer(TCPServer):
                 break
             size = min(size * 2, LARGEST_READ_BYTES) if got == size else FIRST_READ_BYTES
         await self.protocol.handle(Closed())
+
+    async def _read_request_in_turn(self, turns: trio.Semaphore) -> bool:
+        """Read the start of the next request in a turn: its head and, when its length is
+        declared and small, its whole body. True if the client closed the connection."""
+        socket_ = self.stream.socket
+        if socket_.fileno() < 0:
+            raise trio.ClosedResourceError
+        await turns.acquire()
+        turn = True
+        try:
+            data = _read_now(socket_, FIRST_READ_BYTES)
+            if data is None:
+                return False  # nothing to read after all: wait again
+            if not data:
+                await self.protocol.handle(RawData(b""))
+                return True
+            # A read that did not fill its buffer took all the kernel had: mostly a whole small
+            # request, handed over in one piece as it came. A head declaring a body too large to
+            # gather goes with the start of its body in one piece too, as it always did.
+            end = _HEAD_END.search(data) if len(data) == FIRST_READ_BYTES else None
+            if end is not None and not _may_gather(data, end.end()):
+                end = None
+            if end is None:
+                turns.release()
+                turn = False
+                await self.protocol.handle(RawData(data))
+                return False
+            head, rest = data[: end.end()], data[end.end() :]
+            del data
+            await self.protocol.handle(RawData(head))
+            del head
+            body = self._body_to_gather(len(rest))
+            if body:
+                # The application decides at once whether the body may be read now (it shuts
+                # the gate if not); its task, started with the head, runs before this goes on.
+                await trio.lowlevel.checkpoint()
+                await trio.lowlevel.checkpoint()
+            if not body or not self.read_gate.is_open:
+                # Anything else (a pipelined request, a body too large) is read as before,
+                # without the turn: h11 may wait inside hypercorn until a reply is out.
+                turns.release()
+                turn = False
+                if rest and not self._h11_failed():
+                    await self.protocol.handle(RawData(rest))
+                return False
+            gathered = bytearray(body)
+            gathered[: len(rest)] = rest
+            filled = len(rest)
+            del rest
+            with memoryview(gathered) as view:
+                while filled < body:
+                    got = _read_into_now(socket_, view[filled:])
+                    if not got:
+                        break  # closed, or the client is slower: the rest is read as before
+                    filled += got
+            if filled < body:
+                del gathered[filled:]
+            if gathered:
+                # h11 copies it into its own buffer: any bytes-like object will do.
+                await self.protocol.handle(RawData(cast(bytes, gathered)))
+            return False
+        finally:
+            if turn:
+                turns.release()
+
+    async def _declares_small_body(self) -> bool:
+        """Whether the request the client is sending declares, in the first bytes of its head,
+        a body small enough to gather (only a hint: h11's reading of the head decides). Larger
+        bodies are read as they come, without a turn: in turns, the first reads of a step of
+        2 MB bodies spread out, more of each body came in small reads, and the heap grew with
+        them (docs/performance.md)."""
+        try:
+            start = await self.stream.socket.recv(HEAD_PEEK_BYTES, socket.MSG_PEEK)
+        except OSError as exc:
+            raise _stream_error(exc) from None
+        end = _HEAD_END.search(start)
+        return end is not None and _may_gather(start, end.end())
+
+    def _no_request(self) -> bool:
+        """h11 has not seen the head of a request yet."""
+        connection = self._h11()
+        return connection is not None and connection.their_state is h11.IDLE
+
+    def _between_requests(self) -> bool:
+        """h11 has no request's head or body to read: none came yet or the last one is whole."""
+        connection = self._h11()
+        return connection is not None and connection.their_state in (h11.IDLE, h11.DONE)
+
+    def _h11(self) -> h11.Connection | None:
+        protocol = getattr(self.protocol, "protocol", None)
+        if not isinstance(protocol, H11Protocol):
+            return None  # HTTP/2
+        connection = protocol.connection
+        return connection if isinstance(connection, h11.Connection) else None  # not a WebSocket
+
+    def _expects_head(self) -> bool:
+        """h11 waits for a new request and holds none of its bytes."""
+        connection = self._h11()
+        return (
+            connection is not None
+            and connection.their_state is h11.IDLE
+            and not connection._receive_buffer
+        )
+
+    def _h11_failed(self) -> bool:
+        connection = self._h11()
+        return connection is not None and connection.their_state is h11.ERROR
+
+    def _body_to_gather(self, started: int) -> int:
+        """The length of the body whose head h11 just took, when it is to be read whole: its
+        length is declared, at most GATHERED_BODY_BYTES, and more than the ``started`` bytes
+        read with the head; 0 otherwise."""
+        connection = self._h11()
+        if connection is None or connection.their_state is not h11.SEND_BODY:
+            return 0
+        reader = connection._reader
+        if not isinstance(reader, ContentLengthReader) or connection._receive_buffer:
+            return 0
+        length: int = reader._remaining
+        return length if started < length <= GATHERED_BODY_BYTES else 0
+
+
+def _may_gather(data: bytes, head_end: int) -> bool:
+    """Whether the head at the start of ``data`` declares a body small enough to gather. Only a
+    hint, from the first Content-Length field: h11's own reading of the head decides."""
+    declared = _CONTENT_LENGTH.search(data, 0, head_end)
+    return declared is not None and int(declared[1]) <= GATHERED_BODY_BYTES
+
+
+def _read_now(socket_: trio.socket.SocketType, size: int) -> bytes | None:
+    """Up to ``size`` bytes the kernel holds for ``socket_``; None if it holds none."""
+    try:
+        return os.read(socket_.fileno(), size)
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        raise _stream_error(exc) from None
+
+
+def _read_into_now(socket_: trio.socket.SocketType, view: memoryview) -> int | None:
+    """Bytes the kernel holds for ``socket_`` into ``view``: their count, None if it holds none."""
+    try:
+        return os.readv(socket_.fileno(), [view])
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        raise _stream_error(exc) from None
+
+
+def _stream_error(exc: OSError) -> trio.ClosedResourceError | trio.BrokenResourceError:
+    # As trio.SocketStream translates them.
+    if exc.errno == errno.EBADF:
+        return trio.ClosedResourceError()
+    return trio.BrokenResourceError(exc)
 
 
 def read_gate(scope: Any) -> ReadGate | None:
@@ -288,10 +486,12 @@ async def serve_app(
     *,
     shutdown_trigger: Callable[[], Awaitable[Any]],
     accept_batch: int = ACCEPT_BATCH,
+    turns: trio.Semaphore | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `app` on `settings.bind` until `shutdown_trigger` returns, as hypercorn's trio
-    worker does (ASGI lifespan, graceful timeout), but accepting through `gate`."""
+    worker does (ASGI lifespan, graceful timeout), but accepting through `gate`; requests are
+    read in `turns` (by default RECEIVING_REQUESTS at once)."""
     settings.set_statsd_logger_class(StatsdLogger)
     asgi = wrap_app(app, settings.wsgi_max_body_size, "asgi")
     lifespan_state: LifespanState = {}
@@ -310,6 +510,8 @@ async def serve_app(
                 sock.listen(settings.backlog)
             binds = [f"http://{repr_socket_addr(s.family, s.getsockname())}" for s in sockets]
 
+            reading = trio.Semaphore(RECEIVING_REQUESTS) if turns is None else turns
+
             async def handle(stream: trio.SocketStream) -> None:
                 reads = ReadGate()
                 connection_state = ConnectionState({**state, READ_GATE_KEY: reads})
@@ -321,6 +523,7 @@ async def serve_app(
                         connection_state,
                         stream,
                         gate=reads,
+                        turns=reading,
                     )
                 finally:
                     gate.closed(admitted=True)
