@@ -12,8 +12,8 @@ import trio
 from genrm_trio.config import Config, config_from_mapping
 from genrm_trio.core.groups import Outcome
 from genrm_trio.http.parsing import parse_verify_body
+from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.runtime.shared import SharedEngine
 from genrm_trio.store.redis_store import RedisGroupStore
 from genrm_trio.store.resp import StoreAddress
 from genrm_trio.testing.fake_judge import FakeJudge
@@ -41,7 +41,7 @@ async def shared_engines(
     poll_s: float = 0.05,
     notifications: bool = True,
     **overrides: Any,
-) -> AsyncIterator[list[SharedEngine]]:
+) -> AsyncIterator[list[Engine]]:
     """``count`` running engines sharing one store and one fake judge."""
     config = shared_config(**overrides)
     judge = judge or FakeJudge()
@@ -51,7 +51,7 @@ async def shared_engines(
         stack.enter_context(trio.fail_after(60))
         nursery = await stack.enter_async_context(trio.open_nursery())
         for index in range(count):
-            engine = SharedEngine(
+            engine = Engine(
                 config,
                 new_store(url, config, lease_s),
                 judge_transport=judge.transport(),
@@ -68,6 +68,6 @@ async def shared_engines(
                 await engine.shutdown()
 
 
-async def verify(engine: SharedEngine, body: dict[str, Any]) -> Outcome:
+async def verify(engine: Engine, body: dict[str, Any]) -> Outcome:
     request = parse_verify_body(msgspec.json.encode(body), engine.config)
     return await engine.verify(request)

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from genrm_trio.core.groups import Outcome, Scored
-from genrm_trio.runtime.shared import SharedEngine
+from genrm_trio.runtime.engine import Engine
 from genrm_trio.store.judge_budget import BudgetReply, StoredJudgeBudget
 from genrm_trio.store.redis_store import RedisGroupStore
 from genrm_trio.store.resp import StoreAddress
@@ -158,7 +158,7 @@ def prompt_of(call: dict[str, Any]) -> str:
     return str(call["body"]["messages"][0]["content"])
 
 
-async def send_group(engine: SharedEngine, g: int, size: int) -> list[Outcome]:
+async def send_group(engine: Engine, g: int, size: int) -> list[Outcome]:
     """Every member of group g to one engine, which therefore judges it."""
     outcomes: list[Outcome] = []
 
@@ -235,7 +235,7 @@ async def test_a_dead_engine_s_slots_come_back_after_its_lease(
 ) -> None:
     config = shared_config(num_rollouts_per_prompt=4, judge_max_concurrency=4)
     stuck = FakeJudge(latency="fixed:1000")
-    dead = SharedEngine(
+    dead = Engine(
         config,
         new_store(shared_redis_server.url, config, lease_s=0.5),
         judge_transport=stuck.transport(),

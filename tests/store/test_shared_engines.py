@@ -10,8 +10,9 @@ import trio
 import trio.testing
 
 from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
+from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.runtime.shared import SharedEngine, check_store_invariants
+from genrm_trio.store.redis_store import check_store_invariants
 from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
@@ -24,11 +25,11 @@ def rewards(outcomes: dict[int, Outcome]) -> dict[int, float]:
     return {i: o.reward for i, o in outcomes.items() if isinstance(o, Scored)}
 
 
-async def send_all(sends: list[tuple[SharedEngine, dict[str, Any]]]) -> dict[int, Outcome]:
+async def send_all(sends: list[tuple[Engine, dict[str, Any]]]) -> dict[int, Outcome]:
     """Send members concurrently, each to its engine; outcomes by rollout index."""
     results: dict[int, Outcome] = {}
 
-    async def send(engine: SharedEngine, body: dict[str, Any]) -> None:
+    async def send(engine: Engine, body: dict[str, Any]) -> None:
         results[body["_ng_rollout_index"]] = await verify(engine, body)
 
     async with trio.open_nursery() as nursery:
@@ -42,7 +43,7 @@ async def wait_until(predicate: Any) -> None:
         await trio.sleep(0.01)
 
 
-async def stored_and_waiting(engine: SharedEngine) -> None:
+async def stored_and_waiting(engine: Engine) -> None:
     """One request waits at ``engine`` and its member is in the store: the waiter is listed
     before the transaction's EXEC, so only an empty queue says the EXEC was answered."""
     await wait_until(lambda: engine.statistics().waiters == 1 and engine.queued == 0)

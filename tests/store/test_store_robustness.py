@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from genrm_trio.core.groups import Rejected, Scored
-from genrm_trio.runtime.shared import SharedEngine
+from genrm_trio.runtime.engine import Engine
 from genrm_trio.store.redis_store import Transaction
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
@@ -82,7 +82,7 @@ async def test_a_defect_in_one_groups_sweep_fails_that_group_and_spares_the_othe
     async with shared_engines(
         shared_redis_server.url, count=1, cohort_collection_timeout_s=0.2
     ) as (engine,):
-        real = SharedEngine._collection_expired
+        real = Engine._collection_expired
 
         def broken_for_g(tx: Transaction[Any]) -> None:
             if tx.loaded is not None and tx.loaded.group_id == "g":

@@ -11,7 +11,7 @@ import trio
 
 from genrm_trio.core.groups import Outcome, Rejected, Scored
 from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.runtime.shared import check_store_invariants
+from genrm_trio.store.redis_store import check_store_invariants
 from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
@@ -89,7 +89,7 @@ async def test_a_process_judging_more_than_its_share_offers_the_groups_it_fills(
     # evaluations pile up while b judges nothing.
     judge = FakeJudge(latency="fixed:0.2")
     async with shared_engines(shared_redis_server.url, judge=judge, lease_s=5.0) as (a, b):
-        await wait_until(lambda: a._processes == 2)  # a's sweep has counted the deployment
+        await wait_until(lambda: a.store.processes == 2)  # a's sweep has counted the deployment
         outcomes: list[Outcome] = []
 
         async def send(body: dict[str, Any]) -> None:

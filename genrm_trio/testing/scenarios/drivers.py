@@ -19,7 +19,6 @@ from genrm_trio.http.bodies import METRIC_KEYS
 from genrm_trio.http.parsing import parse_verify_body
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.runtime.shared import SharedEngine
 from genrm_trio.store.redis_store import RedisGroupStore
 from genrm_trio.store.resp import StoreAddress
 from genrm_trio.testing.controlled_judge import ControlledJudge
@@ -108,7 +107,8 @@ class SharedDriver:
         self.hooks = hooks
         self.nursery = nursery
         self.prefix = f"scenario:{uuid.uuid4().hex[:12]}:"
-        self.engines: list[SharedEngine] = []
+        self.engines: list[Engine] = []
+        self.stores: list[RedisGroupStore] = []  # each engine's
         self._scopes: list[trio.CancelScope] = []
         self._gone: list[trio.Event] = []
         self.store = self._store()  # the checks' own connections
@@ -127,9 +127,10 @@ class SharedDriver:
         return self.engines[0]
 
     async def start(self, index: int) -> None:
-        engine = SharedEngine(
+        store = self._store()
+        engine = Engine(
             self.config,
-            self._store(),
+            store,
             judge_transport=self.judge.transport(),
             hooks=self.hooks[index],
             poll_s=math.inf,  # no sweep of its own: the runner sweeps at the instants it picks
@@ -146,10 +147,12 @@ class SharedDriver:
         await self.nursery.start(run)
         if index == len(self.engines):
             self.engines.append(engine)
+            self.stores.append(store)
             self._scopes.append(scope)
             self._gone.append(gone)
         else:
-            self.engines[index], self._scopes[index], self._gone[index] = engine, scope, gone
+            self.engines[index], self.stores[index] = engine, store
+            self._scopes[index], self._gone[index] = scope, gone
 
     async def verify(self, body: dict[str, Any], engine: int = 0) -> Seen:
         target = self.engines[engine]
@@ -164,19 +167,21 @@ class SharedDriver:
         """The engine dies at once (nothing of a shutdown runs); a fresh one takes its place."""
         self._scopes[index].cancel()
         await self._gone[index].wait()
-        await self.engines[index].store.aclose()
+        await self.stores[index].aclose()
         await self.start(index)
 
     def busy(self) -> bool:
         """A store command is on its way, or arrivals wait for their transaction."""
-        return any(e.store.client.in_use or e.queued for e in self.engines)
+        return any(
+            s.client.in_use or e.queued for e, s in zip(self.engines, self.stores, strict=True)
+        )
 
     async def undelivered(self) -> list[int]:
         """The engines with a waiter on, or an evaluation of, a record that has already ended
         (its notification is on its way, or lost)."""
         late = []
         for index, engine in enumerate(self.engines):
-            if await engine.store.finished_records(engine.watched_records()):
+            if await self.stores[index].finished_records(engine.watched_records()):
                 late.append(index)
         return late
 
