@@ -1,13 +1,14 @@
-"""How a scenario run reaches the server: straight into one engine, over HTTP, or into two
-engines sharing one Redis store (the harness's shared mode)."""
+"""How a scenario run reaches the server: straight into the engine (one on the memory store, or
+two sharing one Redis store), or over HTTP."""
 
 from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from functools import partial
+from typing import Any, Protocol, cast
 
 import msgspec
 import trio
@@ -19,6 +20,8 @@ from genrm_trio.http.bodies import METRIC_KEYS
 from genrm_trio.http.parsing import parse_verify_body
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
+from genrm_trio.store.group_store import GroupStore
+from genrm_trio.store.memory_store import MemoryGroupStore
 from genrm_trio.store.redis_store import RedisGroupStore
 from genrm_trio.store.resp import StoreAddress
 from genrm_trio.testing.controlled_judge import ControlledJudge
@@ -62,17 +65,76 @@ def seen_reply(reply: Reply) -> Seen:
 
 
 class EngineDriver:
-    """Straight into `Engine.verify` with a parsed body: the fast path for long runs."""
+    """Straight into `Engine.verify` with a parsed body: the fast path for long runs. Each
+    engine runs on a store of its own from `new_store`; the engines differ in nothing else."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        config: Config,
+        judge: ControlledJudge,
+        hooks: list[Hooks],
+        nursery: trio.Nursery,
+        new_store: Callable[[], GroupStore],
+        poll_s: float = 1.0,
+    ) -> None:
+        self.config = config
+        self.judge = judge
+        self.hooks = hooks
+        self.nursery = nursery
+        self.new_store = new_store
+        self.poll_s = poll_s
+        self.engines: list[Engine] = []
+        self._scopes: list[trio.CancelScope] = []
+        self._gone: list[trio.Event] = []
+
+    @property
+    def engine(self) -> Engine:
+        return self.engines[0]
+
+    async def start(self, index: int) -> None:
+        engine = Engine(
+            self.config,
+            self.new_store(),
+            judge_transport=self.judge.transport(),
+            hooks=self.hooks[index],
+            poll_s=self.poll_s,
+        )
+        scope, gone = trio.CancelScope(), trio.Event()
+
+        async def run(task_status: trio.TaskStatus[None]) -> None:
+            try:
+                with scope:
+                    await engine.run(task_status=task_status)
+            finally:
+                gone.set()
+
+        await self.nursery.start(run)
+        if index == len(self.engines):
+            self.engines.append(engine)
+            self._scopes.append(scope)
+            self._gone.append(gone)
+        else:
+            self.engines[index], self._scopes[index], self._gone[index] = engine, scope, gone
 
     async def verify(self, body: dict[str, Any], engine: int = 0) -> Seen:
-        parsed = parse_verify_body(msgspec.json.encode(body), self.engine.config)
-        return seen_outcome(await self.engine.verify(parsed))
+        target = self.engines[engine]
+        parsed = parse_verify_body(msgspec.json.encode(body), target.config)
+        return seen_outcome(await target.verify(parsed))
 
     async def shutdown(self) -> None:
-        await self.engine.shutdown()
+        for engine in self.engines:
+            await engine.shutdown()
+
+    async def kill(self, index: int) -> None:
+        """The engine dies at once (nothing of a shutdown runs); a fresh one takes its place."""
+        self._scopes[index].cancel()
+        await self._gone[index].wait()
+        await self.engines[index].store.aclose()
+        await self.start(index)
+
+    async def aclose(self) -> None:
+        for engine in self.engines:
+            await engine.shutdown()
 
 
 class HttpDriver:
@@ -89,9 +151,10 @@ class HttpDriver:
         await self.engine.shutdown()
 
 
-class SharedDriver:
-    """Two engines sharing one Redis store, each with its own connections, on the harness's
-    clock (the store's clock is `STORE_EPOCH` plus Trio's); they sweep only when told to."""
+class SharedDriver(EngineDriver):
+    """Engines sharing one Redis store, each with its own connections, on the harness's clock
+    (the store's clock is `STORE_EPOCH` plus Trio's); they sweep only when told to. What it adds
+    is a view into the store, for the checks."""
 
     def __init__(
         self,
@@ -102,15 +165,10 @@ class SharedDriver:
         nursery: trio.Nursery,
     ) -> None:
         self.url = url
-        self.config = config
-        self.judge = judge
-        self.hooks = hooks
-        self.nursery = nursery
         self.prefix = f"scenario:{uuid.uuid4().hex[:12]}:"
-        self.engines: list[Engine] = []
-        self.stores: list[RedisGroupStore] = []  # each engine's
-        self._scopes: list[trio.CancelScope] = []
-        self._gone: list[trio.Event] = []
+        # poll_s: no sweep of its own; the runner sweeps at the instants it picks.
+        super().__init__(config, judge, hooks, nursery, self._store, poll_s=math.inf)
+        self.stores: list[RedisGroupStore] = []  # each engine's, by index
         self.store = self._store()  # the checks' own connections
 
     def _store(self) -> RedisGroupStore:
@@ -122,53 +180,13 @@ class SharedDriver:
             clock=lambda: STORE_EPOCH + trio.current_time(),
         )
 
-    @property
-    def engine(self) -> Engine:
-        return self.engines[0]
-
     async def start(self, index: int) -> None:
-        store = self._store()
-        engine = Engine(
-            self.config,
-            store,
-            judge_transport=self.judge.transport(),
-            hooks=self.hooks[index],
-            poll_s=math.inf,  # no sweep of its own: the runner sweeps at the instants it picks
-        )
-        scope, gone = trio.CancelScope(), trio.Event()
-
-        async def run(task_status: trio.TaskStatus[None]) -> None:
-            try:
-                with scope:
-                    await engine.run(task_status=task_status)
-            finally:
-                gone.set()
-
-        await self.nursery.start(run)
-        if index == len(self.engines):
-            self.engines.append(engine)
+        await super().start(index)
+        store = cast(RedisGroupStore, self.engines[index].store)
+        if index == len(self.stores):
             self.stores.append(store)
-            self._scopes.append(scope)
-            self._gone.append(gone)
         else:
-            self.engines[index], self.stores[index] = engine, store
-            self._scopes[index], self._gone[index] = scope, gone
-
-    async def verify(self, body: dict[str, Any], engine: int = 0) -> Seen:
-        target = self.engines[engine]
-        parsed = parse_verify_body(msgspec.json.encode(body), target.config)
-        return seen_outcome(await target.verify(parsed))
-
-    async def shutdown(self) -> None:
-        for engine in self.engines:
-            await engine.shutdown()
-
-    async def kill(self, index: int) -> None:
-        """The engine dies at once (nothing of a shutdown runs); a fresh one takes its place."""
-        self._scopes[index].cancel()
-        await self._gone[index].wait()
-        await self.stores[index].aclose()
-        await self.start(index)
+            self.stores[index] = store
 
     def busy(self) -> bool:
         """A store command is on its way, or arrivals wait for their transaction."""
@@ -186,8 +204,7 @@ class SharedDriver:
         return late
 
     async def aclose(self) -> None:
-        for engine in self.engines:
-            await engine.shutdown()
+        await super().aclose()
         await self.store.aclose()
 
 
@@ -215,11 +232,11 @@ async def open_driver(
         async with serve(config, judge=judge, hooks=hooks, check_on_exit=False) as server:
             yield HttpDriver(server)
         return
-    engine = Engine(config, judge_transport=judge.transport(), hooks=hooks)
     async with trio.open_nursery() as nursery:
-        await nursery.start(engine.run)
+        engines = EngineDriver(config, judge, [hooks], nursery, partial(MemoryGroupStore, config))
         try:
-            yield EngineDriver(engine)
+            await engines.start(0)
+            yield engines
         finally:
             with trio.CancelScope(shield=True):
-                await engine.shutdown()
+                await engines.aclose()
