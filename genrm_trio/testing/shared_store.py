@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -18,16 +18,26 @@ from genrm_trio.store.redis_store import RedisGroupStore
 from genrm_trio.store.resp import StoreAddress
 from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.harness import SCENARIO_DEFAULTS
+from genrm_trio.testing.scenarios.steps import STORE_EPOCH
 
 PREFIX = "test:"
+
+
+def harness_time() -> float:
+    """A store clock that follows Trio's (a mock clock, in tests that move time themselves),
+    from an instant far ahead of the real one, so that Redis never expires a key by its own
+    clock first: retention is the store's, by this clock."""
+    return STORE_EPOCH + trio.current_time()
 
 
 def shared_config(**overrides: Any) -> Config:
     return config_from_mapping({**SCENARIO_DEFAULTS, **overrides})
 
 
-def new_store(url: str, config: Config, lease_s: float = 5.0) -> RedisGroupStore:
-    return RedisGroupStore(config, StoreAddress.parse(url), PREFIX, lease_s)
+def new_store(
+    url: str, config: Config, lease_s: float = 5.0, clock: Callable[[], float] | None = None
+) -> RedisGroupStore:
+    return RedisGroupStore(config, StoreAddress.parse(url), PREFIX, lease_s, clock=clock)
 
 
 @asynccontextmanager
@@ -40,9 +50,11 @@ async def shared_engines(
     lease_s: float = 5.0,
     poll_s: float = 0.05,
     notifications: bool = True,
+    clock: Callable[[], float] | None = None,
     **overrides: Any,
 ) -> AsyncIterator[list[Engine]]:
-    """``count`` running engines sharing one store and one fake judge."""
+    """``count`` running engines sharing one store and one fake judge; ``clock`` is the
+    stores' (None: Redis's own TIME)."""
     config = shared_config(**overrides)
     judge = judge or FakeJudge()
     engines = []
@@ -53,7 +65,7 @@ async def shared_engines(
         for index in range(count):
             engine = Engine(
                 config,
-                new_store(url, config, lease_s),
+                new_store(url, config, lease_s, clock),
                 judge_transport=judge.transport(),
                 hooks=(hooks or [None] * count)[index],
                 poll_s=poll_s,

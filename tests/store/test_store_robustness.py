@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from genrm_trio.core.groups import Rejected, Scored
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.store.redis_store import Transaction
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
-from genrm_trio.testing.shared_store import PREFIX, shared_engines, verify
+from genrm_trio.testing.shared_store import PREFIX, harness_time, shared_engines, verify
 
 
 async def test_a_group_written_under_every_attempt_is_answered_503_and_nothing_is_stored(
@@ -77,10 +78,10 @@ async def test_scripts_are_loaded_again_after_the_server_forgot_them(
 
 
 async def test_a_defect_in_one_groups_sweep_fails_that_group_and_spares_the_others(
-    shared_redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+    shared_redis_server: RedisServer, caplog: pytest.LogCaptureFixture, store_clock: MockClock
 ) -> None:
     async with shared_engines(
-        shared_redis_server.url, count=1, cohort_collection_timeout_s=0.2
+        shared_redis_server.url, count=1, cohort_collection_timeout_s=0.2, clock=harness_time
     ) as (engine,):
         real = Engine._collection_expired
 

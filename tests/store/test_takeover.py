@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from genrm_trio.core.groups import Outcome, Rejected, Scored
 from genrm_trio.runtime.hooks import Hooks
@@ -15,7 +16,7 @@ from genrm_trio.store.redis_store import check_store_invariants
 from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
-from genrm_trio.testing.shared_store import shared_engines, verify
+from genrm_trio.testing.shared_store import harness_time, shared_engines, verify
 
 GROUPS = 32
 TAKEN_OVER = "GenRM took over the evaluation of key="
@@ -27,7 +28,7 @@ async def wait_until(predicate: Any) -> None:
 
 
 async def test_survivors_racing_for_expired_groups_take_each_over_once(
-    shared_redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+    shared_redis_server: RedisServer, caplog: pytest.LogCaptureFixture, store_clock: MockClock
 ) -> None:
     # The owner claims every group as it fills, then neither judges nor renews; it goes away
     # without a single judge call, so every call the judge sees is a survivor's.
@@ -43,6 +44,7 @@ async def test_survivors_racing_for_expired_groups_take_each_over_once(
         hooks=[owner_hooks, None, None],
         lease_s=0.3,
         poll_s=1000.0,  # no sweep runs unless the test runs it
+        clock=harness_time,
     ) as (owner, b, c):
         first: list[Outcome] = []
 
