@@ -217,7 +217,9 @@ class Engine:
         """Own the server nursery until shutdown has drained it."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            if self.judge_budget is not None:
+            if self.store.shared:
+                # Other processes end groups, and deadlines and leases are in the store.
+                assert self.judge_budget is not None
                 if self.notifications:
                     nursery.start_soon(self._listen)
                 nursery.start_soon(self._sweep)
@@ -262,10 +264,14 @@ class Engine:
             if self._owned_tasks:
                 await self._tasks_done.wait()
         with trio.move_on_after(self.config.shutdown_grace_s, shield=True):
-            await self.judge.aclose()
-            if self.judge_budget is not None:
-                await self.judge_budget.give_back()
-            await self.store.aclose()
+            try:
+                await self.judge.aclose()
+                if self.judge_budget is not None:
+                    await self.judge_budget.give_back()
+            finally:
+                # Even when the grace ran out: the memory store lets its groups go without a
+                # checkpoint.
+                await self.store.aclose()
         self._stopped.set()
         self._shutdown_done.set()
         log.info("GenRM server shut down")

@@ -1,7 +1,7 @@
 """The memory group store: every group of one server instance in its one ``GroupRegistry``.
 
-A transition runs on the registry directly, in one critical section with no checkpoint, so it is
-atomic by construction and never has to run again. Groups collect in this process: a record that
+A transition runs on the registry directly and synchronously, with no checkpoint, so it is atomic
+by construction and never has to run again. Groups collect in this process: a record that
 starts is reported so that the engine arms its collection deadline as a cancel scope, and
 comparisons whose slots are filled are reported for early judging. Groups die with the process:
 shutting the store down fails every active group (C-96). Instances share nothing (I-11).
@@ -59,7 +59,10 @@ class MemoryGroupStore:
         before_commit: Callable[[Transaction[Any]], Callable[[], None] | None] | None = None,
     ) -> Transaction[T]:
         # Awaited, but it never checkpoints: the caller's task runs on to its next await.
-        return self.apply(ref, step)
+        tx = self.apply(ref, step)
+        if before_commit is not None:
+            before_commit(tx)  # nothing can undo the commit here
+        return tx
 
     def apply(self, ref: str, step: Callable[[Transaction[Any]], T]) -> Transaction[T]:
         """Run ``step`` on the registry and report what changed. Plain synchronous code: the
