@@ -203,6 +203,20 @@ class Watermark(NamedTuple):
     digest: str
 
 
+@dataclass(slots=True)
+class StoreMeta:
+    """What a shared group store keeps beside a record, in the store's clock (docs/group-store.md).
+
+    The core never reads it; a store sets it when the record is first written.
+    """
+
+    rid: str  # unique per record, so a waiter never mistakes a later record for its own
+    collection_due: float
+    fence: int = 0  # bumped at every claim of the evaluation
+    lease_until: float | None = None  # None while nobody evaluates
+    evaluation_due: float | None = None
+
+
 @dataclass(slots=True, eq=False)
 class Record:
     key: str
@@ -221,7 +235,7 @@ class Record:
     failed_comparisons: dict[int, str] = field(default_factory=dict)
     failure: Failure | None = None
     terminal_time: float | None = None
-    handle: Any = None  # the runtime's per-group task handle; opaque here
+    meta: StoreMeta | None = None  # a shared store's bookkeeping; None in a process's memory
     # Opened by a row whose legacy key had already completed, and still collecting (§5.14).
     legacy_resend: bool = False
 

@@ -1,4 +1,4 @@
-"""Which engine a server instance runs: groups in its own memory, or in a shared store."""
+"""Which group store a server instance runs its engine on: its own memory, or a shared one."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ from genrm_trio.runtime.hooks import Hooks
 def build_engine(
     config: Config, *, judge_transport: TransportFactory | None = None, hooks: Hooks | None = None
 ) -> Engine:
-    """The in-memory engine for ``group_store: memory``, else the shared one on Redis/Valkey."""
+    """The engine on the memory store for ``group_store: memory``, else on Redis/Valkey."""
     if config.group_store == "memory":
         return Engine(config, judge_transport=judge_transport, hooks=hooks)
-    from genrm_trio.runtime.shared import SharedEngine
     from genrm_trio.store.redis_store import RedisGroupStore
     from genrm_trio.store.resp import StoreAddress
 
@@ -24,7 +23,7 @@ def build_engine(
         config.group_store_key_prefix,
         config.group_store_lease_s,
     )
-    return SharedEngine(
+    return Engine(
         config,
         store,
         judge_transport=judge_transport,

@@ -11,8 +11,6 @@ inputs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import msgspec
 
 from genrm_trio.core.groups import (
@@ -25,20 +23,10 @@ from genrm_trio.core.groups import (
     Phase,
     Record,
     Scored,
+    StoreMeta,
     Watermark,
 )
 from genrm_trio.core.identity import ResponseIdentity
-
-
-@dataclass(slots=True)
-class StoreMeta:
-    """What the store keeps beside the core's record; carried in ``Record.handle``."""
-
-    rid: str  # unique per record, so a waiter never mistakes a later record for its own
-    collection_due: float  # store clock
-    fence: int = 0  # bumped at every claim of the evaluation
-    lease_until: float | None = None  # store clock; None while nobody evaluates
-    evaluation_due: float | None = None  # store clock
 
 
 class _Outcome(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -125,8 +113,8 @@ def _decode_outcome(
 
 
 def encode_record(record: Record) -> bytes:
-    meta = record.handle
-    assert isinstance(meta, StoreMeta), "a stored record carries its StoreMeta"
+    meta = record.meta
+    assert meta is not None, "a stored record carries its StoreMeta"
     members = []
     metrics: dict[str, float] | None = None
     for slot in sorted(record.members):
@@ -165,15 +153,16 @@ def encode_record(record: Record) -> bytes:
 
 def decode_record(data: bytes) -> Record:
     stored = _record_decoder.decode(data)
+    # The fields in the order Record declares them.
     record = Record(
-        key=stored.key,
-        group_id=stored.group_id,
-        attempt=stored.attempt,
-        digest=stored.digest,
-        legacy_key=stored.legacy_key,
-        size=stored.size,
-        started_at=stored.started_at,
-        phase=Phase(stored.phase),
+        stored.key,
+        stored.group_id,
+        stored.attempt,
+        stored.digest,
+        stored.legacy_key,
+        stored.size,
+        stored.started_at,
+        Phase(stored.phase),
     )
     for member in stored.members:
         record.members[member.slot] = Member(
@@ -190,7 +179,7 @@ def decode_record(data: bytes) -> Record:
         record.failure = Failure(FailureKind(stored.failure_kind), stored.failure_text or "")
     record.terminal_time = stored.terminal_time
     record.legacy_resend = stored.legacy_resend
-    record.handle = StoreMeta(
+    record.meta = StoreMeta(
         stored.rid,
         stored.collection_due,
         stored.fence,

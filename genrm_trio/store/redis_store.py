@@ -19,15 +19,20 @@ import hashlib
 import logging
 import random
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import trio
 
 from genrm_trio.config import Config
 from genrm_trio.core.critical import critical_section
-from genrm_trio.core.groups import GroupCounts, GroupRegistry, Phase, Record
+from genrm_trio.core.groups import GroupCounts, GroupRegistry, Phase, Record, Statistics
+from genrm_trio.store.group_store import (
+    StoreFailed,
+    Transaction,
+    group_ref,
+    record_ref,
+)
 from genrm_trio.store.records import (
     StoreMeta,
     decode_record,
@@ -46,6 +51,17 @@ from genrm_trio.store.resp import (
 )
 
 log = logging.getLogger("genrm_trio")
+
+__all__ = [
+    "RedisGroupStore",
+    "Script",
+    "StoreContended",
+    "StoreFailed",
+    "Transaction",
+    "check_store_invariants",
+    "group_ref",
+    "record_ref",
+]
 
 T = TypeVar("T")
 
@@ -103,13 +119,6 @@ CONFLICT_PAUSE_S = 0.002
 CONFLICT_PAUSE_CAP_S = 0.1
 
 
-class StoreFailed(Exception):
-    """The store is unreachable or answered an error; nothing of the transition was applied."""
-
-    def __init__(self, address: str, cause: BaseException | str) -> None:
-        super().__init__(f"GenRM group store {address} is unavailable: {cause}")
-
-
 class StoreContended(StoreFailed):
     """The group's keys changed under every attempt up to the bound; nothing was applied."""
 
@@ -141,42 +150,12 @@ _TRIM_SCRIPT = Script(_TRIM)
 _DUE_SCRIPT = Script(_DUE)
 
 
-def group_ref(group_id: str | None, legacy_key: str | None) -> str:
-    """The store's name for one group: its explicit id, or its legacy key."""
-    return f"e:{group_id}" if group_id is not None else f"l:{legacy_key}"
-
-
-def record_ref(record: Record) -> str:
-    return group_ref(record.group_id, record.legacy_key or record.key)
-
-
-@dataclass
-class Transaction(Generic[T]):
-    """One attempt at a transition: the group's state filed in a registry of its own."""
-
-    registry: GroupRegistry
-    now: float
-    loaded: Record | None
-    logs: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
-    claimed: Record | None = None  # a record whose evaluation this transaction claimed
-    finished: Record | None = None  # the loaded record, if this transaction ended it
-    result: T | None = None
-    # Set by the step: a record this transaction fills is offered to the other processes
-    # instead of claimed, and this is the offering process's load (its evaluations running).
-    hand_over: int | None = None
-    offered: Record | None = None  # the record this transaction offered
-
-    def claim(self, record: Record, lease_s: float) -> None:
-        """Take the record's evaluation: a new fencing token and a lease from now."""
-        meta = record.handle
-        assert isinstance(meta, StoreMeta)
-        meta.fence += 1
-        meta.lease_until = self.now + lease_s
-        self.claimed = record
-
-
 class RedisGroupStore:
     """Groups of one deployment (one key prefix) in one Redis/Valkey database."""
+
+    shared = True
+    holds_waiters = False  # a stored record has no waiters: they stay with their requests
+    batches_arrivals = True
 
     def __init__(
         self,
@@ -212,6 +191,12 @@ class RedisGroupStore:
         self.jitter = random.Random()  # a harness seeds it for repeatable runs
         self.available = True
         self.last_error: str | None = None
+        # This process's tallies of the groups its transactions ended, for /metrics and
+        # /aggregate_metrics (each process counts the ones it ended).
+        self.registry = GroupRegistry(config, log=log.log)
+        self.last_counts: GroupCounts | None = None  # the deployment's, as last read
+        self.counted = False  # the last attempt to read them succeeded
+        self.processes = 0  # processes following the outcomes channel, as last read
 
     # ---- keys ------------------------------------------------------------------------------
 
@@ -331,6 +316,7 @@ class RedisGroupStore:
                             if isinstance(reply, ServerError):
                                 raise reply
                         self._emit(tx)
+                        self._tally(tx)
                         self._reached()
                         return tx
                     if undo is not None:
@@ -411,13 +397,13 @@ class RedisGroupStore:
             if group_id is not None
             else registry.legacy.get(legacy_key or "")
         )
-        if record is not None and record.handle is None:
-            record.handle = StoreMeta(
+        if record is not None and record.meta is None:
+            record.meta = StoreMeta(
                 uuid.uuid4().hex, record.started_at + self.config.cohort_collection_timeout_s
             )
         if record is not None:
-            meta = record.handle
-            assert isinstance(meta, StoreMeta)
+            meta = record.meta
+            assert meta is not None
             if record.phase is Phase.EVALUATING and meta.lease_until is None:
                 # The move to evaluating and the claim of the evaluation are one transition.
                 meta.evaluation_due = now + self.config.cohort_evaluation_timeout_s
@@ -436,8 +422,8 @@ class RedisGroupStore:
                 writes.append(["DEL", key])
             else:
                 assert record_after is not None
-                meta = record.handle
-                assert isinstance(meta, StoreMeta)
+                meta = record.meta
+                assert meta is not None
                 command: list[Arg] = ["SET", key, record_after]
                 terminal = record.terminal_time if not record.phase.active else None
                 if terminal is not None and ttl is not None:
@@ -495,8 +481,8 @@ class RedisGroupStore:
         if finished is not None:
             # Waiters in every process read the finished record here (it may be superseded,
             # retired or evicted from its own key by then), after the EXEC that stored it.
-            meta = finished.handle
-            assert isinstance(meta, StoreMeta)
+            meta = finished.meta
+            assert meta is not None
             outcome_key = self.outcome_key(meta.rid)
             writes.append(["SET", outcome_key, encode_record(finished), "EX", OUTCOME_KEY_TTL_S])
             writes.append(["PUBLISH", self.channel, meta.rid])
@@ -515,6 +501,60 @@ class RedisGroupStore:
         # Logged only once the transition is stored: a transaction run again logs once.
         for level, text, fields in tx.logs:
             log.log(level, text, **fields)
+
+    def _tally(self, tx: Transaction[Any]) -> None:
+        """Count what a stored transaction ended in this process's own registry."""
+        mine = self.registry
+        for key, count in tx.registry.finished.items():
+            mine.finished[key] = mine.finished.get(key, 0) + count
+        mine.rollouts_masked += tx.registry.rollouts_masked
+        for group, stamped, slots in tx.registry.masked_answers.items():
+            mine.masked_answers.stamp(group, slots, stamped)
+        mine.masked_answers.prune(
+            tx.now,
+            self.config.cohort_result_ttl_s,
+            self.config.max_terminal_cohorts,
+            lambda group, slots: None,
+        )
+
+    # ---- what the engine leaves to the store -----------------------------------------------
+
+    def shut_down(self, now: float) -> list[Record]:
+        return []  # the groups stay for the other processes; an evaluation here is taken over
+
+    def evaluation_cancelled(self, record: Record, now: float) -> None:
+        pass  # its lease expires and another process takes it over
+
+    def statistics(self, local: Statistics) -> Statistics:
+        return local  # the groups themselves are in the store
+
+    def group_counts(self, now: float) -> GroupCounts:
+        """The deployment's groups as counted last (at the last sweep, health check or
+        scrape): the same at every process. Kept while the store is unreachable."""
+        return self.last_counts or GroupCounts(0, 0, 0, 0, 0.0)
+
+    def health(self, evaluating_here: int) -> Mapping[str, int]:
+        """The deployment's groups as counted at this health check; this process's own
+        evaluations while the store is unreachable."""
+        counts = self.last_counts
+        if counts is None or not self.counted:
+            return {"active_groups": evaluating_here, "retained_records": 0, "watermarks": 0}
+        return {
+            "active_groups": counts.collecting + counts.evaluating,
+            "retained_records": counts.retained_records,
+            "watermarks": counts.watermarks,
+        }
+
+    async def refresh_counts(self) -> None:
+        try:
+            self.last_counts, self.processes = await self.counts()
+        except StoreFailed:
+            self.counted = False
+        else:
+            self.counted = True
+
+    def check_invariants(self) -> None:
+        pass  # the deployment's groups are checked by check_store_invariants, which reads them
 
     # ---- reads -----------------------------------------------------------------------------
 
@@ -588,3 +628,66 @@ class RedisGroupStore:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+async def check_store_invariants(store: RedisGroupStore, config: Config) -> GroupRegistry:
+    """Load every group of the store into one registry and check I-2..I-4 on it.
+
+    Also checks that the store's sorted sets name exactly the records and watermarks they stand
+    for. For tests and operators; it reads every key under the prefix.
+    """
+    registry = GroupRegistry(config)
+    cursor = b"0"
+    keys: list[bytes] = []
+    while True:
+        cursor, batch = await store.call("SCAN", cursor, "MATCH", f"{store.prefix}*", "COUNT", 500)
+        keys += batch
+        if cursor == b"0":
+            break
+    records: dict[str, Record] = {}
+    marks: dict[str, bytes] = {}
+    for key in keys:
+        name = key.decode()[len(store.prefix) :]
+        if name.startswith("r:"):
+            data = await store.call("GET", key)
+            if data is not None:
+                records[name[2:]] = decode_record(data)
+        elif name.startswith("w:"):
+            data = await store.call("GET", key)
+            if data is not None:
+                marks[name[2:]] = data
+    # Keys whose TTL has passed by the store's clock are gone for every reader: Redis expired
+    # them, or, with a clock of the store's own, the next transaction that reads them prunes
+    # them. They are not counted here, nor are the sorted-set entries that stand for them.
+    now = await store.time()
+    ttl = config.cohort_result_ttl_s
+
+    def expired(stamped: float | None) -> bool:
+        return ttl is not None and stamped is not None and now - stamped >= ttl
+
+    for record in records.values():
+        if not expired(record.terminal_time):
+            registry.adopt(record)
+    for group_id, data in marks.items():
+        mark, idle_since = decode_watermark(data)
+        if not expired(idle_since):
+            registry.adopt(None, (group_id, mark, idle_since))
+    registry.check_invariants()
+
+    async def live(name: str) -> set[str]:
+        flat = await store.call("ZRANGE", f"{store.prefix}{name}", 0, -1, "WITHSCORES")
+        pairs = zip(flat[::2], flat[1::2], strict=True)
+        return {m.decode() for m, score in pairs if ttl is None or now - float(score) < ttl}
+
+    expected = {ref for ref, r in records.items() if not r.phase.active}
+    expected = {ref for ref in expected if not expired(records[ref].terminal_time)}
+    terminal = await live("terminal")
+    if terminal != expected:
+        raise AssertionError(f"terminal set {sorted(terminal)} != records {sorted(expected)}")
+    if await live("idle") != set(registry.idle_order.keys()):
+        raise AssertionError("idle set != idle watermarks")
+    legacy_active = {m.decode() for m in await store.call("SMEMBERS", store.legacy_active)}
+    active_legacy = {ref for ref, r in records.items() if r.group_id is None and r.phase.active}
+    if legacy_active != active_legacy:
+        raise AssertionError(f"legacy-active set {sorted(legacy_active)} != active legacy records")
+    return registry

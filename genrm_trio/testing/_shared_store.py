@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -11,23 +11,33 @@ import trio
 
 from genrm_trio.config import Config, config_from_mapping
 from genrm_trio.core.groups import Outcome
+from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.runtime.shared import SharedEngine
 from genrm_trio.store.redis_store import RedisGroupStore
 from genrm_trio.store.resp import StoreAddress
 from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.harness import SCENARIO_DEFAULTS
+from genrm_trio.testing.scenarios.steps import STORE_EPOCH
 from genrm_trio.wire.parsing import parse_verify_body
 
 PREFIX = "test:"
+
+
+def harness_time() -> float:
+    """A store clock that follows Trio's (a mock clock, in tests that move time themselves),
+    from an instant far ahead of the real one, so that Redis never expires a key by its own
+    clock first: retention is the store's, by this clock."""
+    return STORE_EPOCH + trio.current_time()
 
 
 def shared_config(**overrides: Any) -> Config:
     return config_from_mapping({**SCENARIO_DEFAULTS, **overrides})
 
 
-def new_store(url: str, config: Config, lease_s: float = 5.0) -> RedisGroupStore:
-    return RedisGroupStore(config, StoreAddress.parse(url), PREFIX, lease_s)
+def new_store(
+    url: str, config: Config, lease_s: float = 5.0, clock: Callable[[], float] | None = None
+) -> RedisGroupStore:
+    return RedisGroupStore(config, StoreAddress.parse(url), PREFIX, lease_s, clock=clock)
 
 
 @asynccontextmanager
@@ -40,9 +50,11 @@ async def shared_engines(
     lease_s: float = 5.0,
     poll_s: float = 0.05,
     notifications: bool = True,
+    clock: Callable[[], float] | None = None,
     **overrides: Any,
-) -> AsyncIterator[list[SharedEngine]]:
-    """``count`` running engines sharing one store and one fake judge."""
+) -> AsyncIterator[list[Engine]]:
+    """``count`` running engines sharing one store and one fake judge; ``clock`` is the
+    stores' (None: Redis's own TIME)."""
     config = shared_config(**overrides)
     judge = judge or FakeJudge()
     engines = []
@@ -51,9 +63,9 @@ async def shared_engines(
         stack.enter_context(trio.fail_after(60))
         nursery = await stack.enter_async_context(trio.open_nursery())
         for index in range(count):
-            engine = SharedEngine(
+            engine = Engine(
                 config,
-                new_store(url, config, lease_s),
+                new_store(url, config, lease_s, clock),
                 judge_transport=judge.transport(),
                 hooks=(hooks or [None] * count)[index],
                 poll_s=poll_s,
@@ -68,7 +80,7 @@ async def shared_engines(
                 await engine.shutdown()
 
 
-async def verify(engine: SharedEngine, body: dict[str, Any]) -> Outcome:
+async def verify(engine: Engine, body: dict[str, Any]) -> Outcome:
     request = parse_verify_body(msgspec.json.encode(body), engine.config)
     verified = await engine.verify(request)
     verified.reply_sent()

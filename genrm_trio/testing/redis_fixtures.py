@@ -9,6 +9,12 @@ Enable with ``pytest_plugins = ["genrm_trio.testing.redis_fixtures"]``.
 
 Both use append-only persistence with ``appendfsync always``, so a test may kill the server with
 SIGKILL, start it again on the same port and find every acknowledged write.
+
+- ``store_clock``: Trio's clock for a test whose leases and deadlines must expire by its steps,
+  not by how loaded the machine is: it stands still while any task runs and jumps to the next
+  deadline once every task has been blocked for ``AUTOJUMP_S`` of real time, far longer than a
+  store reply takes. Give the stores ``clock=harness_time`` (testing/_shared_store.py) so that
+  their times follow it too.
 """
 
 from __future__ import annotations
@@ -17,8 +23,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio.testing
 
 from genrm_trio.testing.redis_server import RedisServer
+
+AUTOJUMP_S = 0.05
 
 
 @pytest.fixture
@@ -47,3 +56,8 @@ def shared_redis_server(_module_redis_server: RedisServer) -> RedisServer:
         _module_redis_server.start()
     _module_redis_server.flush()
     return _module_redis_server
+
+
+@pytest.fixture
+def store_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=AUTOJUMP_S)

@@ -17,7 +17,6 @@ import trio
 from genrm_trio.core import groups
 from genrm_trio.core.critical import critical_section
 from genrm_trio.core.groups import (
-    CancelGroup,
     FailureKind,
     GroupRegistry,
     Phase,
@@ -27,6 +26,7 @@ from genrm_trio.core.groups import (
 from genrm_trio.core.retention import AgedIndex
 from genrm_trio.judge.client import JudgeClient, JudgeFailure, JudgeTask
 from genrm_trio.runtime.engine import Engine
+from genrm_trio.store.group_store import Transaction
 from genrm_trio.testing.scenarios import (
     Disconnect,
     Fault,
@@ -292,12 +292,13 @@ def test_a_superseded_group_that_keeps_judging_is_caught() -> None:
     script.fault((0, 1), "hold", a=0)
     script.complete(a=0)
     script.post(0, a=1)
-    apply = Engine._apply
+    after = Engine._after
 
-    def apply_without_cancelling(self: Engine, effects: list[Any]) -> None:
-        apply(self, [e for e in effects if not isinstance(e, CancelGroup)])
+    def after_without_cancelling(self: Engine, tx: Transaction[Any]) -> None:
+        tx.finished = None
+        after(self, tx)
 
-    assert_catches(script, "I-6", (Engine, "_apply", apply_without_cancelling))
+    assert_catches(script, "I-6", (Engine, "_after", after_without_cancelling))
 
 
 def test_a_replay_that_calls_the_judge_is_caught() -> None:

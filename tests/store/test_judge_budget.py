@@ -8,13 +8,20 @@ from typing import Any
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from genrm_trio.core.groups import Outcome, Scored
-from genrm_trio.runtime.shared import SharedEngine
+from genrm_trio.runtime.engine import Engine
 from genrm_trio.store.judge_budget import BudgetReply, StoredJudgeBudget
 from genrm_trio.store.redis_store import RedisGroupStore
 from genrm_trio.store.resp import StoreAddress
-from genrm_trio.testing._shared_store import new_store, shared_config, shared_engines, verify
+from genrm_trio.testing._shared_store import (
+    harness_time,
+    new_store,
+    shared_config,
+    shared_engines,
+    verify,
+)
 from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
@@ -158,7 +165,7 @@ def prompt_of(call: dict[str, Any]) -> str:
     return str(call["body"]["messages"][0]["content"])
 
 
-async def send_group(engine: SharedEngine, g: int, size: int) -> list[Outcome]:
+async def send_group(engine: Engine, g: int, size: int) -> list[Outcome]:
     """Every member of group g to one engine, which therefore judges it."""
     outcomes: list[Outcome] = []
 
@@ -231,13 +238,13 @@ async def test_an_engine_that_starts_judging_later_gets_its_turn(
 
 
 async def test_a_dead_engine_s_slots_come_back_after_its_lease(
-    shared_redis_server: RedisServer,
+    shared_redis_server: RedisServer, store_clock: MockClock
 ) -> None:
     config = shared_config(num_rollouts_per_prompt=4, judge_max_concurrency=4)
     stuck = FakeJudge(latency="fixed:1000")
-    dead = SharedEngine(
+    dead = Engine(
         config,
-        new_store(shared_redis_server.url, config, lease_s=0.5),
+        new_store(shared_redis_server.url, config, lease_s=0.5, clock=harness_time),
         judge_transport=stuck.transport(),
         poll_s=0.05,
     )
@@ -261,6 +268,7 @@ async def test_a_dead_engine_s_slots_come_back_after_its_lease(
         lease_s=0.5,
         num_rollouts_per_prompt=4,
         judge_max_concurrency=4,
+        clock=harness_time,
     ) as (a, b):
         outcomes = await send_group(a, 1, 4)
         # The dead engine's group is taken over and judged too, once its evaluation lease

@@ -14,7 +14,7 @@ import trio
 from genrm_trio.core import messages
 from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
 from genrm_trio.runtime.engine import Engine
-from genrm_trio.runtime.shared import SharedEngine, check_store_invariants
+from genrm_trio.store.redis_store import RedisGroupStore, check_store_invariants
 from genrm_trio.testing._shared_store import shared_config, shared_engines
 from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member
@@ -86,16 +86,14 @@ async def play(engines: list[Engine], bodies: list[dict[str, Any]], seed: int) -
 
     def settled(sent: int) -> bool:
         waiting = sum(e.statistics().waiters for e in engines)
-        busy = any(e.statistics().evaluating for e in engines) or any(
-            isinstance(e, SharedEngine) and e._queued for e in engines
-        )
+        busy = any(e.statistics().evaluating for e in engines) or any(e._queued for e in engines)
         return not busy and len(answers) + waiting == sent
 
     async def notified() -> bool:
         """No engine has a waiter on a record that has already finished (a notification
         still on its way)."""
         for engine in engines:
-            if isinstance(engine, SharedEngine):
+            if isinstance(engine.store, RedisGroupStore):
                 if await engine.store.finished_records(list(engine._waiting)):
                     return False
         return True

@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from trio.testing import MockClock
 
 from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
+from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.runtime.shared import SharedEngine, check_store_invariants
-from genrm_trio.testing._shared_store import shared_config, shared_engines, verify
+from genrm_trio.store.redis_store import check_store_invariants
+from genrm_trio.testing._shared_store import harness_time, shared_config, shared_engines, verify
 from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
@@ -24,11 +26,11 @@ def rewards(outcomes: dict[int, Outcome]) -> dict[int, float]:
     return {i: o.reward for i, o in outcomes.items() if isinstance(o, Scored)}
 
 
-async def send_all(sends: list[tuple[SharedEngine, dict[str, Any]]]) -> dict[int, Outcome]:
+async def send_all(sends: list[tuple[Engine, dict[str, Any]]]) -> dict[int, Outcome]:
     """Send members concurrently, each to its engine; outcomes by rollout index."""
     results: dict[int, Outcome] = {}
 
-    async def send(engine: SharedEngine, body: dict[str, Any]) -> None:
+    async def send(engine: Engine, body: dict[str, Any]) -> None:
         results[body["_ng_rollout_index"]] = await verify(engine, body)
 
     async with trio.open_nursery() as nursery:
@@ -42,7 +44,7 @@ async def wait_until(predicate: Any) -> None:
         await trio.sleep(0.01)
 
 
-async def stored_and_waiting(engine: SharedEngine) -> None:
+async def stored_and_waiting(engine: Engine) -> None:
     """One request waits at ``engine`` and its member is in the store: the waiter is listed
     before the transaction's EXEC, so only an empty queue says the EXEC was answered."""
     await wait_until(lambda: engine.statistics().waiters == 1 and engine.queued == 0)
@@ -111,9 +113,11 @@ async def test_supersession_at_another_engine_answers_the_old_waiters(
 
 
 async def test_collection_deadline_fires_without_the_engine_that_started_the_group(
-    shared_redis_server: RedisServer,
+    shared_redis_server: RedisServer, store_clock: MockClock
 ) -> None:
-    async with shared_engines(shared_redis_server.url, cohort_collection_timeout_s=0.3) as (a, b):
+    async with shared_engines(
+        shared_redis_server.url, cohort_collection_timeout_s=0.3, clock=harness_time
+    ) as (a, b):
         async with trio.open_nursery() as nursery:
             early: list[Outcome] = []
             nursery.start_soon(lambda: _append(early, verify(a, member(0))))
@@ -127,7 +131,7 @@ async def test_collection_deadline_fires_without_the_engine_that_started_the_gro
 
 
 async def test_a_stalled_owner_loses_its_lease_and_its_late_result_is_refused(
-    shared_redis_server: RedisServer,
+    shared_redis_server: RedisServer, store_clock: MockClock
 ) -> None:
     judging = trio.Event()
     resume_judging = trio.Event()
@@ -152,6 +156,7 @@ async def test_a_stalled_owner_loses_its_lease_and_its_late_result_is_refused(
         judge=judge,
         hooks=[owner_hooks, Hooks(on_comparison_start=held_judge)],
         lease_s=0.3,
+        clock=harness_time,
     ) as (a, b):
         async with trio.open_nursery() as nursery:
             waiting: list[Outcome] = []
@@ -259,8 +264,12 @@ async def test_count_cap_evicts_results_and_watermarks_in_order(
         assert judge.stats()["requests_total"] == 6
 
 
-async def test_result_ttl_and_a_refreshed_watermark(shared_redis_server: RedisServer) -> None:
-    async with shared_engines(shared_redis_server.url, cohort_result_ttl_s=1.0) as (a, b):
+async def test_result_ttl_and_a_refreshed_watermark(
+    shared_redis_server: RedisServer, store_clock: MockClock
+) -> None:
+    async with shared_engines(
+        shared_redis_server.url, cohort_result_ttl_s=1.0, clock=harness_time
+    ) as (a, b):
         await send_all([(a, member(0, 4)), (b, member(1, 2))])
         await trio.sleep(0.6)
         assert (await verify(b, member(0, 4))).reward == 4.0  # type: ignore[union-attr]
@@ -361,7 +370,7 @@ def test_config_used_by_the_helpers_is_valid() -> None:
 
 
 async def test_an_owner_gone_during_evaluation_is_taken_over(
-    shared_redis_server: RedisServer,
+    shared_redis_server: RedisServer, store_clock: MockClock
 ) -> None:
     judging = trio.Event()
 
@@ -375,6 +384,7 @@ async def test_an_owner_gone_during_evaluation_is_taken_over(
         judge=judge,
         hooks=[Hooks(on_comparison_start=hang), None],
         lease_s=0.3,
+        clock=harness_time,
     ) as (a, b):
         async with trio.open_nursery() as nursery:
             waiting: list[Outcome] = []

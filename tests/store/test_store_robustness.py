@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from genrm_trio.core.groups import Rejected, Scored
-from genrm_trio.runtime.shared import SharedEngine
+from genrm_trio.runtime.engine import Engine
 from genrm_trio.store.redis_store import Transaction
-from genrm_trio.testing._shared_store import PREFIX, shared_engines, verify
+from genrm_trio.testing._shared_store import PREFIX, harness_time, shared_engines, verify
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
 
@@ -77,12 +78,12 @@ async def test_scripts_are_loaded_again_after_the_server_forgot_them(
 
 
 async def test_a_defect_in_one_groups_sweep_fails_that_group_and_spares_the_others(
-    shared_redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+    shared_redis_server: RedisServer, caplog: pytest.LogCaptureFixture, store_clock: MockClock
 ) -> None:
     async with shared_engines(
-        shared_redis_server.url, count=1, cohort_collection_timeout_s=0.2
+        shared_redis_server.url, count=1, cohort_collection_timeout_s=0.2, clock=harness_time
     ) as (engine,):
-        real = SharedEngine._collection_expired
+        real = Engine._collection_expired
 
         def broken_for_g(tx: Transaction[Any]) -> None:
             if tx.loaded is not None and tx.loaded.group_id == "g":

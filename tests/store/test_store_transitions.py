@@ -85,8 +85,8 @@ def test_a_new_group_round_trips_through_the_codec() -> None:
     member = record.members[0]
     assert member.texts == MemberTexts("why-0", "answer-0")
     assert record.inputs == GroupInputs([{"role": "user", "content": "q"}], "be fair", None, None)
-    assert isinstance(record.handle, StoreMeta)
-    assert record.handle.collection_due == 1030.0 and record.handle.lease_until is None
+    assert isinstance(record.meta, StoreMeta)
+    assert record.meta.collection_due == 1030.0 and record.meta.lease_until is None
     # The member is known again by the same bytes and by a different spelling of the same JSON.
     assert same_response(member.fingerprint, ResponseIdentity(b'{"a":1}'))
     assert same_response(member.fingerprint, ResponseIdentity(b'{ "a" : 1 }'))
@@ -119,7 +119,7 @@ def test_filling_the_group_claims_its_evaluation_in_the_same_transaction() -> No
     )
     assert isinstance(tx.result.reply, Wait)
     assert tx.claimed is not None
-    meta = tx.claimed.handle
+    meta = tx.claimed.meta
     assert isinstance(meta, StoreMeta)
     assert (meta.fence, meta.lease_until, meta.evaluation_due) == (1, 1006.0, 1061.0)
     assert ["ZADD", "p:leases", 1006.0, "e:g"] in writes
@@ -166,7 +166,7 @@ def test_publication_writes_the_outcome_key_and_the_notification() -> None:
 
     tx, writes = run(s, stored[2], mark[2], 1003.0, finish)
     assert tx.finished is not None
-    rid = tx.finished.handle.rid  # type: ignore[union-attr]
+    rid = tx.finished.meta.rid  # type: ignore[union-attr]
     record_write = written(writes, "SET", "p:r:e:g")
     assert record_write is not None and record_write[3:] == ["PXAT", 1013000]
     done = decode_record(record_write[2])
@@ -191,7 +191,7 @@ def _finished_record(placeholder: float) -> Record:
     record.members[0] = Member(0, fingerprint, None, [], Scored(4.0, {"m": 1.0}))
     record.members[1] = Member(1, fingerprint, None, [], Masked("lost", "", placeholder))
     record.terminal_time = 2.0
-    record.handle = StoreMeta("rid", 31.0)
+    record.meta = StoreMeta("rid", 31.0)
     return record
 
 

@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from genrm_trio.core.groups import Outcome, Rejected, Scored
 from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.runtime.shared import check_store_invariants
-from genrm_trio.testing._shared_store import shared_engines, verify
+from genrm_trio.store.redis_store import check_store_invariants
+from genrm_trio.testing._shared_store import harness_time, shared_engines, verify
 from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
@@ -27,7 +28,7 @@ async def wait_until(predicate: Any) -> None:
 
 
 async def test_survivors_racing_for_expired_groups_take_each_over_once(
-    shared_redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+    shared_redis_server: RedisServer, caplog: pytest.LogCaptureFixture, store_clock: MockClock
 ) -> None:
     # The owner claims every group as it fills, then neither judges nor renews; it goes away
     # without a single judge call, so every call the judge sees is a survivor's.
@@ -43,6 +44,7 @@ async def test_survivors_racing_for_expired_groups_take_each_over_once(
         hooks=[owner_hooks, None, None],
         lease_s=0.3,
         poll_s=1000.0,  # no sweep runs unless the test runs it
+        clock=harness_time,
     ) as (owner, b, c):
         first: list[Outcome] = []
 
@@ -89,7 +91,7 @@ async def test_a_process_judging_more_than_its_share_offers_the_groups_it_fills(
     # evaluations pile up while b judges nothing.
     judge = FakeJudge(latency="fixed:0.2")
     async with shared_engines(shared_redis_server.url, judge=judge, lease_s=5.0) as (a, b):
-        await wait_until(lambda: a._processes == 2)  # a's sweep has counted the deployment
+        await wait_until(lambda: a.store.processes == 2)  # a's sweep has counted the deployment
         outcomes: list[Outcome] = []
 
         async def send(body: dict[str, Any]) -> None:

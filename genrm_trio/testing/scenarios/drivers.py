@@ -1,13 +1,14 @@
-"""How a scenario run reaches the server: straight into one engine, over HTTP, or into two
-engines sharing one Redis store (the harness's shared mode)."""
+"""How a scenario run reaches the server: straight into the engine (one on the memory store, or
+two sharing one Redis store), or over HTTP."""
 
 from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from functools import partial
+from typing import Any, Protocol, cast
 
 import msgspec
 import trio
@@ -17,7 +18,8 @@ from genrm_trio.config import Config
 from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.runtime.shared import SharedEngine
+from genrm_trio.store.group_store import GroupStore
+from genrm_trio.store.memory_store import MemoryGroupStore
 from genrm_trio.store.redis_store import RedisGroupStore
 from genrm_trio.store.resp import StoreAddress
 from genrm_trio.testing._invariants import Seen
@@ -70,76 +72,39 @@ async def engine_outcome(engine: Engine, request: VerifyRequest) -> Outcome:
 
 
 class EngineDriver:
-    """Straight into `Engine.verify` with a parsed body: the fast path for long runs."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    async def verify(self, body: dict[str, Any], engine: int = 0) -> Seen:
-        parsed = parse_verify_body(msgspec.json.encode(body), self.engine.config)
-        return seen_outcome(await engine_outcome(self.engine, parsed))
-
-    async def shutdown(self) -> None:
-        await self.engine.shutdown()
-
-
-class HttpDriver:
-    """Through the HTTP app over ASGI, as a client would."""
-
-    def __init__(self, server: GenRMServer) -> None:
-        self.server = server
-        self.engine = server.engine
-
-    async def verify(self, body: dict[str, Any], engine: int = 0) -> Seen:
-        return seen_reply(await self.server.verify(body))
-
-    async def shutdown(self) -> None:
-        await self.engine.shutdown()
-
-
-class SharedDriver:
-    """Two engines sharing one Redis store, each with its own connections, on the harness's
-    clock (the store's clock is `STORE_EPOCH` plus Trio's); they sweep only when told to."""
+    """Straight into `Engine.verify` with a parsed body: the fast path for long runs. Each
+    engine runs on a store of its own from `new_store`; the engines differ in nothing else."""
 
     def __init__(
         self,
-        url: str,
         config: Config,
         judge: ControlledJudge,
         hooks: list[Hooks],
         nursery: trio.Nursery,
+        new_store: Callable[[], GroupStore],
+        poll_s: float = 1.0,
     ) -> None:
-        self.url = url
         self.config = config
         self.judge = judge
         self.hooks = hooks
         self.nursery = nursery
-        self.prefix = f"scenario:{uuid.uuid4().hex[:12]}:"
-        self.engines: list[SharedEngine] = []
+        self.new_store = new_store
+        self.poll_s = poll_s
+        self.engines: list[Engine] = []
         self._scopes: list[trio.CancelScope] = []
         self._gone: list[trio.Event] = []
-        self.store = self._store()  # the checks' own connections
-
-    def _store(self) -> RedisGroupStore:
-        return RedisGroupStore(
-            self.config,
-            StoreAddress.parse(self.url),
-            self.prefix,
-            LEASE_S,
-            clock=lambda: STORE_EPOCH + trio.current_time(),
-        )
 
     @property
     def engine(self) -> Engine:
         return self.engines[0]
 
     async def start(self, index: int) -> None:
-        engine = SharedEngine(
+        engine = Engine(
             self.config,
-            self._store(),
+            self.new_store(),
             judge_transport=self.judge.transport(),
             hooks=self.hooks[index],
-            poll_s=math.inf,  # no sweep of its own: the runner sweeps at the instants it picks
+            poll_s=self.poll_s,
         )
         scope, gone = trio.CancelScope(), trio.Event()
 
@@ -174,22 +139,79 @@ class SharedDriver:
         await self.engines[index].store.aclose()
         await self.start(index)
 
+    async def aclose(self) -> None:
+        for engine in self.engines:
+            await engine.shutdown()
+
+
+class HttpDriver:
+    """Through the HTTP app over ASGI, as a client would."""
+
+    def __init__(self, server: GenRMServer) -> None:
+        self.server = server
+        self.engine = server.engine
+
+    async def verify(self, body: dict[str, Any], engine: int = 0) -> Seen:
+        return seen_reply(await self.server.verify(body))
+
+    async def shutdown(self) -> None:
+        await self.engine.shutdown()
+
+
+class SharedDriver(EngineDriver):
+    """Engines sharing one Redis store, each with its own connections, on the harness's clock
+    (the store's clock is `STORE_EPOCH` plus Trio's); they sweep only when told to. What it adds
+    is a view into the store, for the checks."""
+
+    def __init__(
+        self,
+        url: str,
+        config: Config,
+        judge: ControlledJudge,
+        hooks: list[Hooks],
+        nursery: trio.Nursery,
+    ) -> None:
+        self.url = url
+        self.prefix = f"scenario:{uuid.uuid4().hex[:12]}:"
+        # poll_s: no sweep of its own; the runner sweeps at the instants it picks.
+        super().__init__(config, judge, hooks, nursery, self._store, poll_s=math.inf)
+        self.stores: list[RedisGroupStore] = []  # each engine's, by index
+        self.store = self._store()  # the checks' own connections
+
+    def _store(self) -> RedisGroupStore:
+        return RedisGroupStore(
+            self.config,
+            StoreAddress.parse(self.url),
+            self.prefix,
+            LEASE_S,
+            clock=lambda: STORE_EPOCH + trio.current_time(),
+        )
+
+    async def start(self, index: int) -> None:
+        await super().start(index)
+        store = cast(RedisGroupStore, self.engines[index].store)
+        if index == len(self.stores):
+            self.stores.append(store)
+        else:
+            self.stores[index] = store
+
     def busy(self) -> bool:
         """A store command is on its way, or arrivals wait for their transaction."""
-        return any(e.store.client.in_use or e.queued for e in self.engines)
+        return any(
+            s.client.in_use or e.queued for e, s in zip(self.engines, self.stores, strict=True)
+        )
 
     async def undelivered(self) -> list[int]:
         """The engines with a waiter on, or an evaluation of, a record that has already ended
         (its notification is on its way, or lost)."""
         late = []
         for index, engine in enumerate(self.engines):
-            if await engine.store.finished_records(engine.watched_records()):
+            if await self.stores[index].finished_records(engine.watched_records()):
                 late.append(index)
         return late
 
     async def aclose(self) -> None:
-        for engine in self.engines:
-            await engine.shutdown()
+        await super().aclose()
         await self.store.aclose()
 
 
@@ -217,11 +239,11 @@ async def open_driver(
         async with serve(config, judge=judge, hooks=hooks, check_on_exit=False) as server:
             yield HttpDriver(server)
         return
-    engine = Engine(config, judge_transport=judge.transport(), hooks=hooks)
     async with trio.open_nursery() as nursery:
-        await nursery.start(engine.run)
+        engines = EngineDriver(config, judge, [hooks], nursery, partial(MemoryGroupStore, config))
         try:
-            yield EngineDriver(engine)
+            await engines.start(0)
+            yield engines
         finally:
             with trio.CancelScope(shield=True):
-                await engine.shutdown()
+                await engines.aclose()

@@ -19,7 +19,7 @@ import trio.testing
 
 from genrm_trio.core.groups import GroupRegistry
 from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.runtime.shared import check_store_invariants
+from genrm_trio.store.redis_store import check_store_invariants
 from genrm_trio.testing import _invariants as invariants
 from genrm_trio.testing._invariants import Seen, Violation, _registry_label
 from genrm_trio.testing.controlled_judge import ControlledJudge
