@@ -168,13 +168,19 @@ class SlotQueue:
         return self.in_use, min(self.capacity - self.in_use, self.waiting)
 
     def end_exchange(self, asked: int, granted: int, others_waiting: bool) -> list[Ticket]:
-        """The budget's answer: the tickets the granted slots go to, which must be woken."""
+        """The budget's answer: the tickets the granted slots go to, which must be woken.
+
+        While others wait, only the slots just granted go to tickets here. A slot freed while
+        the exchange was under way is held but idle, and goes back at the next exchange: passed
+        on here, it would keep a process that judges steadily ahead of the others for good."""
         assert self.held is not None
         self.held += granted
         self.yielding = others_waiting
         self.starved = granted < asked
-        tickets = []
-        while (ticket := self._grant()) is not None:
+        tickets: list[Ticket] = []
+        while (not others_waiting or len(tickets) < granted) and (
+            ticket := self._grant()
+        ) is not None:
             tickets.append(ticket)
         return tickets
 

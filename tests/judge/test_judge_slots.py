@@ -267,6 +267,26 @@ def test_a_shared_queue_gives_back_idle_slots_and_withdraws_a_request_nobody_nee
     assert queue.release() is None and queue.exchange_due
 
 
+def test_slots_freed_during_an_exchange_go_back_when_others_wait_for_the_budget() -> None:
+    queue = SlotQueue(4, shared=True)
+    lane = queue.lane(complete=True)
+    running = [queue.enqueue(lane) for _ in range(4)]
+    queue.begin_exchange()
+    assert queue.end_exchange(4, 4, others_waiting=False) == running
+    waiting = [queue.enqueue(lane) for _ in range(4)]
+    assert queue.begin_exchange() == (4, 0)
+    assert queue.end_exchange(0, 0, others_waiting=True) == []
+    # The next renewal is under way when every attempt in flight ends.
+    assert queue.begin_exchange() == (4, 0)
+    for _ in running:
+        assert queue.release() is None
+    assert queue.end_exchange(0, 0, others_waiting=True) == []
+    assert queue.waiting == 4 and queue.exchange_due
+    assert queue.begin_exchange() == (0, 4)  # all four go back; the next ones are asked for
+    # The budget gives this process its share of what it gave back: only that share runs.
+    assert queue.end_exchange(4, 2, others_waiting=True) == waiting[:2]
+
+
 def test_a_shared_queue_keeps_the_priority_order_of_its_tickets() -> None:
     queue = SlotQueue(8, shared=True)
     collecting = queue.lane(complete=False)

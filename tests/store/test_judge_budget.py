@@ -206,7 +206,7 @@ async def test_two_engines_never_have_more_than_the_budget_at_the_judge(
 
 
 async def test_an_engine_that_starts_judging_later_gets_its_turn(
-    shared_redis_server: RedisServer,
+    shared_redis_server: RedisServer, store_clock: MockClock
 ) -> None:
     judge = FakeJudge(latency="fixed:0.05")
     # Without notifications no group filled at a is offered to b (which would judge a's groups
@@ -217,6 +217,7 @@ async def test_an_engine_that_starts_judging_later_gets_its_turn(
         notifications=False,
         num_rollouts_per_prompt=4,
         judge_max_concurrency=8,
+        clock=harness_time,
     ) as (a, b):
         async with trio.open_nursery() as nursery:
             for g in range(8):
