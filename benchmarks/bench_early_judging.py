@@ -1,4 +1,4 @@
-"""Benchmark early judging (SPEC X-2, config `early_judging`) against wait-for-all judging: a
+"""Benchmark early judging (X-2, config `early_judging`) against wait-for-all judging: a
 simulated policy with long-tailed generation times posts each rollout once it is generated.
 
 Caveat: by default every time printed is simulated seconds on Trio's MockClock (autojump), with

@@ -1,5 +1,5 @@
 """Benchmark the Redis group store against the in-memory store, measured in the same run
-(SPEC X-4): /verify per second, server CPU per /verify, Redis commands and round trips per
+(X-4): /verify per second, server CPU per /verify, Redis commands and round trips per
 /verify, and bytes per finished group kept in Redis.
 
 Caveat: a 2-core machine shared by every process of the run: the genrm-trio servers, the fake

@@ -1,6 +1,6 @@
 """Benchmark judge fan-out: judge calls per second through the server's judge client, and the
 latency of each attempt when hundreds of comparisons are released at once (goal 4 in
-docs/performance.md; SPEC J-33, J-34, J-34a).
+docs/performance.md; J-33, J-34, J-34a).
 
 Caveat: a 2-core machine. The judge client runs in this process, the fake judge (`genrm-trio
 fake-judge`, h11 on Trio) in another; each is one Trio thread, so the two share the two cores
@@ -15,7 +15,7 @@ differing only in the judge transport handed to it (judge_transports.py):
 - `h11`: the same connection stack with h11 doing the HTTP/1.1 framing instead of the
   hand-written framing (the measurement behind judge/http11.py's choice);
 - `httpx-pool`: httpx's client over its own pooled transport (`httpx.AsyncHTTPTransport` with
-  `judge_max_concurrency` connections, httpcore's pool), the baseline that SPEC J-34a warns
+  `judge_max_concurrency` connections, httpcore's pool), the baseline that J-34a warns
   about.
 
 Throughput: `--calls` comparisons made by `2 x judge_max_concurrency` workers, each starting its

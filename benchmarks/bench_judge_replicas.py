@@ -1,4 +1,4 @@
-"""Benchmark several judge replicas (SPEC X-3, `judge_base_urls`): throughput and balance across
+"""Benchmark several judge replicas (X-3, `judge_base_urls`): throughput and balance across
 1, 2 and 4 replicas, group affinity against least-outstanding under a prefix-cache latency
 model, and recovery when one replica is killed mid-run.
 

@@ -1,6 +1,6 @@
 """Benchmark what a masked row's reward placeholder does to the advantages of its scored
 siblings when a trainer counts the row in its group statistics (`masked_reward_placeholder`,
-SPEC W-33).
+W-33).
 
 Caveat: arithmetic on simulated groups, not a training run: no server, no judge, no model. The
 rewards come from the project's own scoring (core/scoring.py: pairing, aggregation, masking) on

@@ -3,7 +3,7 @@
 - `H11Transport`: the same connection stack and the same seam, with h11 doing the HTTP/1.1
   framing (request head out, reply events in) instead of the hand-written framing;
 - `HttpxPoolTransport`: httpx's client over its own pooled transport (httpcore's pool with
-  `judge_max_concurrency` connections), the baseline SPEC J-34a warns about.
+  `judge_max_concurrency` connections), the baseline J-34a warns about.
 
 Both raise the seam's errors, so the client's attempt loop treats them like the real one.
 """

@@ -1,5 +1,5 @@
 """`genrm-trio collect`: flags, preparing the files of a fresh or resumed run, the run, and the
-metrics file (SPEC X-5).
+metrics file (X-5).
 
 Prints one summary line on stdout, also when SIGINT or SIGTERM stops the run. Exit 0 when every
 task's group is complete, 1 when a task line was bad or a group is still incomplete (rerun with

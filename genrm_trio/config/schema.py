@@ -92,7 +92,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     debug_logging: bool = False
     early_judging: bool = False
     # Where groups live: this process's memory, or a Redis/Valkey URL shared by several
-    # processes (SPEC X-4). The password may come from the URL or GENRM_GROUP_STORE_PASSWORD.
+    # processes. The password may come from the URL or GENRM_GROUP_STORE_PASSWORD.
     group_store: str = "memory"
     group_store_key_prefix: str = "genrm:"  # lets several deployments share one database
     group_store_lease_s: float = 30.0  # an evaluation owner's lease, renewed every third

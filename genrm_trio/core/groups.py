@@ -10,7 +10,7 @@ outcome per slot, published at once) or ``failed`` (one failure for everyone). T
 never change phase again.
 
 Every entry point below is one critical section: plain synchronous bookkeeping that runs to the
-end without yielding, so no other task can observe a half-made transition (SPEC I-1). Work that
+end without yielding, so no other task can observe a half-made transition (I-1). Work that
 has to wait (deadlines, judge calls) belongs to the runtime; the registry tells it what to start
 or cancel through the ``Effect`` values it returns, and the runtime reports back through
 ``collection_expired``, ``comparison_failed`` and ``finish_evaluation``/``fail_evaluation``.
@@ -312,7 +312,7 @@ def _legacy_task_index(record: Record) -> int | None:
 def group_key(
     group_id: str | None, attempt: int, task_index: int | None, prompt_id: str | None, digest: str
 ) -> str:
-    """The group key of SPEC C-1, used in messages and logs."""
+    """The group key of C-1, used in messages and logs."""
     if group_id is not None:
         return f"group_id::{group_id}::group_attempt::{attempt}"
     if task_index is not None:
@@ -974,7 +974,7 @@ class GroupRegistry:
         )
 
     def check_invariants(self) -> None:
-        """Raise InvariantViolation on any breach of SPEC I-2..I-4."""
+        """Raise InvariantViolation on any breach of I-2..I-4."""
 
         def require(ok: bool, what: str) -> None:
             if not ok:

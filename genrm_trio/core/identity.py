@@ -25,7 +25,7 @@ __all__ = ["IdentityWork", "ResponseIdentity", "same_response"]
 
 
 class IdentityWork(Protocol):
-    """Counters of the work identities do (SPEC I-23 counts fingerprint computations)."""
+    """Counters of the work identities do (I-23 counts fingerprint computations)."""
 
     response_digests: int
     canonical_fingerprints: int

@@ -1,6 +1,6 @@
 """Every client-visible text the group engine produces, built in one place.
 
-Clients match on these phrases (SPEC §2.6), so each lives here exactly once.
+Clients match on these phrases (§2.6), so each lives here exactly once.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def reward_count(count: int, size: int) -> str:
 
 
 def log_key(key: str) -> str:
-    """Keys are cut to 160 code points in logs (SPEC §9.1)."""
+    """Keys are cut to 160 code points in logs (§9.1)."""
     return key[:160]
 
 

@@ -1,7 +1,7 @@
 """Retention of finished work: the terminal index and the idle order, pruned from the head only.
 
 Both indexes are insertion-ordered by a time that never decreases, so the oldest entry is always
-at the head and pruning costs the entries it removes plus one look (SPEC R-3, R-4).
+at the head and pruning costs the entries it removes plus one look (R-3, R-4).
 """
 
 from __future__ import annotations

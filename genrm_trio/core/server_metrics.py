@@ -1,4 +1,4 @@
-"""The server's running counts and latency histograms, kept as plain numbers (SPEC §9.3, X-6).
+"""The server's running counts and latency histograms, kept as plain numbers (§9.3, X-6).
 
 Recording is a dictionary increment or one bisect, with no lock and no I/O, so the request and
 judge paths stay cheap; ``http/prometheus.py`` turns these numbers into the Prometheus exposition

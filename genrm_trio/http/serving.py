@@ -26,6 +26,10 @@ at once read such a request's head and its whole body, into one buffer of its le
 h11 in one piece (the application then takes it as one chunk, without joining pieces). A
 connection gives its turn up as soon as it would wait, for the client's bytes or for its gate;
 the rest of its reads go as before, and so do larger bodies.
+
+The loop drives hypercorn's HTTP/1.1 protocol objects directly, so ``pyproject.toml`` pins
+hypercorn to one minor release, and what this loop leaves out of hypercorn's own (TLS, HTTP/2
+and QUIC, ``max_requests``, ...) is listed in docs/running.md.
 """
 
 from __future__ import annotations

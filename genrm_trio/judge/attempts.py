@@ -1,6 +1,6 @@
 """The judge attempt loop as pure decisions: classify one attempt, decide retry or conclusion.
 
-Also the backoff draw, Retry-After parsing, judge error texts and log texts (SPEC §3.3…§3.6).
+Also the backoff draw, Retry-After parsing, judge error texts and log texts (§3.3…§3.6).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Which judge replica an attempt goes to: plain bookkeeping, no I/O and no awaits (SPEC X-3).
+"""Which judge replica an attempt goes to: plain bookkeeping, no I/O and no awaits (X-3).
 
 Theory of operation. The judge client asks :meth:`Balancer.choose` for a replica before every
 attempt and reports back with :meth:`Balancer.finished` when the attempt ends; nothing here

@@ -1,6 +1,6 @@
 """Interpretation of one judge reply body: JSON, usable or not, budget exhaustion, verdict.
 
-Pure functions over bytes and decoded JSON (SPEC J-10…J-17); the problem strings are J-26's.
+Pure functions over bytes and decoded JSON (J-10…J-17); the problem strings are J-26's.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Judge request construction for both protocols: URL, body and headers (SPEC §3.1).
+"""Judge request construction for both protocols: URL, body and headers (§3.1).
 
 Pure functions: the same comparison always yields the same bytes, so every attempt resends them.
 """

@@ -133,7 +133,7 @@ class Verified:
 
 @dataclass
 class Counters:
-    """How often the expensive per-request steps ran (SPEC C-23, C-31, C-32).
+    """How often the expensive per-request steps ran (C-23, C-31, C-32).
 
     ``fingerprints`` counts response identities, one per valid group-mode request; the work
     behind them is counted apart: SHA-256 digests of raw response bytes, and canonical

@@ -1,4 +1,4 @@
-"""Fault-injection points for tests (SPEC I-20): conversion, comparison and evaluation start.
+"""Fault-injection points for tests (I-20): conversion, comparison and evaluation start.
 
 A hook that raises simulates a non-judge error at that point; comparison and evaluation hooks may
 be coroutines, so a test can also hold them open for a while.

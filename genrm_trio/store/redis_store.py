@@ -5,7 +5,7 @@ under WATCH, files it in a fresh ``GroupRegistry`` (``adopt``), runs the core's 
 it, and writes back what changed in one MULTI/EXEC: the record, the watermark, the retention
 sorted sets, the deadline and lease sets, and for a record that just finished, its outcome key
 and a notification. If another process changed the group in between, EXEC does nothing and the
-transaction runs again on the new state. The rules of SPEC §5 therefore live only in
+transaction runs again on the new state. The rules of §5 therefore live only in
 ``core/groups.py``; this module knows keys, clocks and retention bookkeeping.
 
 Every time is the store's clock (``TIME``), so deadlines written by one process mean the same

@@ -1,4 +1,4 @@
-"""`genrm-trio fake-judge`: flags, rules file loading and the serving loop (SPEC CL-10).
+"""`genrm-trio fake-judge`: flags, rules file loading and the serving loop (CL-10).
 Prints `fake judge listening on http://<host>:<port>/v1` when ready; SIGINT/SIGTERM exit 0.
 """
 

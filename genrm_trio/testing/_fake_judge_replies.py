@@ -1,5 +1,5 @@
 """What a fake judge answers: the reply it decides for each API (bodies, statuses, how they are
-sent) and the checks of the judge requests it is sent (SPEC §8.2)."""
+sent) and the checks of the judge requests it is sent (§8.2)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What a fake judge is told to do: latency models, the prefix-cache model, scripted rules and
-random fault rates, each parsed and checked before a judge uses it (SPEC §8.2)."""
+random fault rates, each parsed and checked before a judge uses it (§8.2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checks of SPEC §6 beyond `GroupRegistry.check_invariants`, run after every scenario step.
+"""Checks of §6 beyond `GroupRegistry.check_invariants`, run after every scenario step.
 
 Each check returns `Violation`s naming the invariant it guards; none of them raises.
 """
@@ -25,7 +25,7 @@ _ABS_TOLERANCE = 1e-9
 
 @dataclass(frozen=True, slots=True)
 class Violation:
-    """One broken invariant: its SPEC id, where the run was, and what was seen."""
+    """One broken invariant: its contract id, where the run was, and what was seen."""
 
     invariant: str
     step: str

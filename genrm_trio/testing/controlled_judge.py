@@ -4,7 +4,7 @@ Verdicts and fault replies come from `FakeJudge`; controls only decide when a ca
 and, when they say so, with which fault.
 
 A call is told apart by markers in the answer texts it carries: ``answer-<i>`` names the slot
-(as in SPEC §10's ``member(i)``) and ``[[group=<g>:<a>]]`` names the group and attempt (see
+(as in §10's ``member(i)``) and ``[[group=<g>:<a>]]`` names the group and attempt (see
 `group_marker`). Selectors match on these: ``judge.hold(group="g", pair=(0, 1))``.
 
 Controls are consulted in the order they were added; the first that matches a new call and

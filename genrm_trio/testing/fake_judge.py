@@ -1,7 +1,7 @@
 """The fake judge's logic: quality, verdicts, the order of its decisions, statistics and
 recordings. What it can be told to do (latency, prefix cache, rules, faults) is parsed in
 ``fake_judge_rules``; the replies it builds and the request checks are in ``fake_judge_replies``.
-Adapters in ``fake_judge_http`` feed it requests and carry out the reply it decides (SPEC §8.2).
+Adapters in ``fake_judge_http`` feed it requests and carry out the reply it decides (§8.2).
 
 Theory of operation. Every HTTP request goes through :meth:`FakeJudge.handle`, which is
 synchronous and returns a :class:`FakeReply`: what to send (status, headers, body), how
@@ -162,7 +162,7 @@ def verdict_for_qualities(
 
 
 def pair_rule(i: int, j: int, action: str, **fields: Any) -> dict[str, Any]:
-    """The rule "pair (i, j) fails with ``action``" of SPEC §10 (every matching call).
+    """The rule "pair (i, j) fails with ``action``" of §10 (every matching call).
 
     ``fields`` holds the action's own fields (``status=503``) and may also carry ``times``,
     ``after``, ``probability`` or ``delay_s``.

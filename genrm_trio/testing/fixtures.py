@@ -9,7 +9,7 @@ Enable with ``pytest_plugins = ["genrm_trio.testing.fixtures"]`` (pytest-trio re
   more servers, or other settings, inside one test;
 - ``genrm_hooks``: fault-injection hooks (`Hooks`) for ``genrm_server``, None by default.
 
-Every server checks the engine's invariants and the critical-section instrument (SPEC I-1) when
+Every server checks the engine's invariants and the critical-section instrument (I-1) when
 it stops, and fails the test if either is broken. Time is Trio's: add pytest-trio's
 ``autojump_clock`` fixture to the test's own arguments to make deadlines instant.
 """
@@ -55,7 +55,7 @@ def tagged_member(
     regenerated: bool = False,
     **extra: Any,
 ) -> dict[str, Any]:
-    """SPEC §10's ``member(i, q, g, a)`` with a group marker in its answer text, so that
+    """§10's ``member(i, q, g, a)`` with a group marker in its answer text, so that
     judge controls can select this group attempt (``group=g, attempt=a``)."""
     body = member(i, q, g, a, regenerated=regenerated, **extra)
     part = body["response"]["output"][0]["content"][0]
@@ -171,7 +171,7 @@ async def serve(
     check_on_exit: bool = True,
     **overrides: Any,
 ) -> AsyncIterator[GenRMServer]:
-    """Run one server instance on a controlled judge, with SPEC §10's defaults under `settings`.
+    """Run one server instance on a controlled judge, with §10's defaults under `settings`.
 
     On exit the server shuts down and, with `check_on_exit`, its invariants are checked: an
     error is raised if any is broken or a critical section reached a checkpoint.
@@ -208,7 +208,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture
 def genrm_settings(request: pytest.FixtureRequest) -> dict[str, Any]:
-    """Settings for ``genrm_server``: SPEC §10's defaults, then the test's marker, if any.
+    """Settings for ``genrm_server``: §10's defaults, then the test's marker, if any.
 
     Override this fixture in a conftest or module for settings shared by many tests.
     """

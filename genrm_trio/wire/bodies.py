@@ -1,4 +1,4 @@
-"""What a validated /verify or /compare body becomes (SPEC §2): the request types the engine
+"""What a validated /verify or /compare body becomes (§2): the request types the engine
 reads and a row echoes, the wire's keys and limits, and ``BadRequest`` for a rejected body."""
 
 from __future__ import annotations

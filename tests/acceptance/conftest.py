@@ -1,4 +1,4 @@
-"""Running `genrm-trio` as a real process for the [TCP] acceptance scenarios of SPEC §10.
+"""Running `genrm-trio` as a real process for the [TCP] acceptance scenarios of §10.
 
 The `cli` fixture starts commands, reads their stdout line by line with a timeout, and kills
 every process it started when the test ends, whatever the outcome.

@@ -1,4 +1,4 @@
-"""`genrm-trio collect` end to end over real loopback HTTP (SPEC X-5): the fake policy, a real
+"""`genrm-trio collect` end to end over real loopback HTTP (X-5): the fake policy, a real
 `genrm-trio serve` and the fake judge as processes, rewards predicted from the answers' texts,
 judge faults, the failure sidecar, the metrics file, and a run killed with SIGKILL then resumed.
 """

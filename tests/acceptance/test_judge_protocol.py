@@ -1,6 +1,6 @@
 """Acceptance: the judge protocol seen end to end, from the judge's recorded requests and the rows.
 
-Scenarios AS-39…AS-66 and AS-68 of SPEC §10.5, through /verify on the fake judge.
+Scenarios AS-39…AS-66 and AS-68 of §10.5, through /verify on the fake judge.
 """
 
 from __future__ import annotations

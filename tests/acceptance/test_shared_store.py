@@ -1,4 +1,4 @@
-"""Several `genrm-trio serve` processes sharing one Redis group store (SPEC X-4, X-1), as a user
+"""Several `genrm-trio serve` processes sharing one Redis group store (X-4, X-1), as a user
 runs them: real processes behind a round-robin balancer, the fake judge as its own process, and a
 real Redis server that the test stops, kills and restarts.
 

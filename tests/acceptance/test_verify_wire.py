@@ -1,6 +1,6 @@
 """Acceptance: what a client of the whole server sees for bad input, reply shapes and the echo.
 
-Scenarios AS-12…AS-26, AS-28…AS-30 of SPEC §10.2-§10.4, driven through the app on the fake judge.
+Scenarios AS-12…AS-26, AS-28…AS-30 of §10.2-§10.4, driven through the app on the fake judge.
 """
 
 from __future__ import annotations

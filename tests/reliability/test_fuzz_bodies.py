@@ -2,7 +2,7 @@
 
 Hypothesis builds valid bodies as JSON trees, mutates them (wrong types, missing fields,
 non-standard literals, huge integers, duplicate keys, deep nesting, invalid UTF-8, truncation),
-and posts the bytes through the app. A small reference reading of SPEC §2.2 and §2.7 says which
+and posts the bytes through the app. A small reference reading of §2.2 and §2.7 says which
 status each body must get; accepted bodies must come back as rows that echo them byte for byte.
 """
 
@@ -28,7 +28,7 @@ MAX_BODY_BYTES = 1 << 18
 MAX_COMPARE_RESPONSES = 3
 # The nesting a server must accept; beyond it a 400 is an acceptable implementation limit
 # (the spec names none), a 500 never is.
-SPEC_NESTING = 128
+MAX_NESTING = 128
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 COORDINATES = ("_ng_group_id", "_ng_group_attempt", "_ng_rollout_index", "_ng_task_index")
@@ -649,7 +649,7 @@ class Expected:
 def parse_top(raw: bytes) -> Expected | Members:
     if len(raw) > MAX_BODY_BYTES:
         return Expected(413)
-    too_deep = nesting(raw) > SPEC_NESTING
+    too_deep = nesting(raw) > MAX_NESTING
     try:
         value = read_json(raw.decode("utf-8"))
     except (ValueError, RecursionError):
@@ -684,7 +684,7 @@ def check_response(value: Any, path: str, faults: list[str]) -> None:
 
 
 def expect_verify(raw: bytes, slots: int) -> Expected:
-    """SPEC §2.2 for a circular server with ``slots`` rollouts per prompt (W-4…W-12)."""
+    """§2.2 for a circular server with ``slots`` rollouts per prompt (W-4…W-12)."""
     top = parse_top(raw)
     if isinstance(top, Expected) and top.value is None:
         return top
@@ -726,7 +726,7 @@ def expect_verify(raw: bytes, slots: int) -> Expected:
 
 
 def expect_compare(raw: bytes) -> Expected:
-    """SPEC §2.7 for a circular server."""
+    """§2.7 for a circular server."""
     top = parse_top(raw)
     if isinstance(top, Expected) and top.value is None:
         return top

@@ -3,7 +3,7 @@ judge failure with a J-40 text, never raises, and never makes more attempts than
 
 Replies come from a scripted transport behind the judge transport seam (mock clock) and from a
 raw TCP server that writes arbitrary bytes to the production connection pool (real clock). A
-reference reading of SPEC §3.2…§3.4 predicts the exact result wherever the reply's meaning is
+reference reading of §3.2…§3.4 predicts the exact result wherever the reply's meaning is
 fixed by the spec.
 """
 

@@ -1,4 +1,4 @@
-"""Early judging (SPEC X-2): comparisons start once both slots are filled; publication does not."""
+"""Early judging (X-2): comparisons start once both slots are filled; publication does not."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Rows sent again under a legacy key (SPEC §5.14, C-99).
+"""Rows sent again under a legacy key (§5.14, C-99).
 
 A row marked as a resend (NeMo Gym's `_ng_attempt_index` >= 1, or a masked row posted back) is
 answered at once with a masked row saying why it is not judged, and never opens or joins a

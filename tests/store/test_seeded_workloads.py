@@ -1,6 +1,6 @@
 """Seeded workloads played against both stores: one in-memory engine, and two engines sharing a
 real Redis server with every request sent to a random one of them. Every answer (status, text,
-reward), the judge-call count and the store's invariants must agree (SPEC §6, X-4)."""
+reward), the judge-call count and the store's invariants must agree (§6, X-4)."""
 
 from __future__ import annotations
 

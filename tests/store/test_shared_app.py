@@ -1,4 +1,4 @@
-"""Two in-process servers configured with ``group_store: redis://…`` (SPEC X-4): /verify over
+"""Two in-process servers configured with ``group_store: redis://…`` (X-4): /verify over
 the app, /healthz reporting the store, and the 503 that names it while it is down."""
 
 from __future__ import annotations

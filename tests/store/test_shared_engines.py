@@ -1,4 +1,4 @@
-"""Engines in one process sharing a real Redis server (SPEC X-4, X-1): groups whose members
+"""Engines in one process sharing a real Redis server (X-4, X-1): groups whose members
 arrive at different engines, leases, notifications, the store going away and coming back."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The race harness on two engines sharing a real Redis store (SPEC §6, X-4): seeded scenarios
+"""The race harness on two engines sharing a real Redis store (§6, X-4): seeded scenarios
 with each post sent to the engine the seed picks, every invariant checked against the store after
 every step, and the faults of a shared deployment as steps: an engine killed while its group
 collects or while it evaluates, notifications lost or duplicated, Redis killed and restarted."""

@@ -1,5 +1,5 @@
 """Takeover of groups whose evaluation owner went away: exactly one new owner per expired lease,
-however many processes race for it (SPEC X-4)."""
+however many processes race for it (X-4)."""
 
 from __future__ import annotations
 

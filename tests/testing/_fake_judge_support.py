@@ -1,5 +1,5 @@
 """Request bodies and reply readers shared by the fake judge tests.
-They build what genrm-trio's judge client sends (SPEC §3.1) and read what a judge answers.
+They build what genrm-trio's judge client sends (§3.1) and read what a judge answers.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The fake judge's decisions without any I/O: quality, verdicts, rules, faults, latency, stats.
-Requests go straight into ``FakeJudge.handle``; no event loop is needed (SPEC §8.2)."""
+Requests go straight into ``FakeJudge.handle``; no event loop is needed (§8.2)."""
 
 from __future__ import annotations
 

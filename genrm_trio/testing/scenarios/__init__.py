@@ -1,4 +1,4 @@
-"""Seeded race scenarios for the group engine: a workload generator, a model of SPEC §5 that
+"""Seeded race scenarios for the group engine: a workload generator, a model of §5 that
 predicts every answer, and a step runner that checks every invariant after every step.
 
 Theory of operation

@@ -1,4 +1,4 @@
-"""The model a run is checked against: SPEC §5 and §3.3 written out again, small and slow,
+"""The model a run is checked against: §5 and §3.3 written out again, small and slow,
 predicting every answer, judge call, statistic and retention index after each step."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class _Record:
 
 
 class Model:
-    """SPEC §5 and §3.3 written out again, small and slow, for the answers a run must give."""
+    """§5 and §3.3 written out again, small and slow, for the answers a run must give."""
 
     def __init__(
         self, config: Config, faults: Iterable[Fault], *, shared_lease: float | None = None

@@ -456,7 +456,7 @@ class _Runner:
         self.report.violations += found
 
     async def _store_violations(self, shared: SharedDriver, step: str) -> list[Violation]:
-        """The store's groups, loaded into one registry: SPEC I-2…I-5 and I-7 on it, and its
+        """The store's groups, loaded into one registry: I-2…I-5 and I-7 on it, and its
         retention sets (in score order, expired entries left out) against the model's."""
         found: list[Violation] = []
         for engine in shared.engines:

@@ -227,7 +227,7 @@ def prompt(post: Post) -> str:
 
 
 def request_body(post: Post) -> dict[str, Any]:
-    """The /verify body of a post: SPEC §10's member with its group marker in the answer."""
+    """The /verify body of a post: §10's member with its group marker in the answer."""
     again = f" again#{post.variant}" if post.variant else ""
     text = (
         f"answer-{post.slot}{again} [[q={post.quality}]] {group_marker(post.marker, post.attempt)}"
