@@ -70,6 +70,7 @@ from genrm_trio.store.group_store import (
     GroupStore,
     StoreFailed,
     Transaction,
+    group_ref,
     record_ref,
 )
 from genrm_trio.store.memory_store import MemoryGroupStore
@@ -330,13 +331,12 @@ class Engine:
             return Verified.of(prepared, replay=False)
         arrival, identity = prepared
         woken = trio.Event()
-        if arrival.group_id is not None:
-            ref = f"e:{arrival.group_id}"
-        else:
-            legacy_key = group_key(
-                None, arrival.attempt, arrival.task_index, arrival.prompt_id, arrival.digest
-            )
-            ref = f"l:{legacy_key}"
+        legacy_key = (
+            group_key(None, arrival.attempt, arrival.task_index, arrival.prompt_id, arrival.digest)
+            if arrival.group_id is None
+            else None
+        )
+        ref = group_ref(arrival.group_id, legacy_key)
         arriving = _Arriving(arrival, identity, woken)
         del arrival, prepared
         if self.store.batches_arrivals:

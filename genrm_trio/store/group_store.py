@@ -61,6 +61,11 @@ def record_ref(record: Record) -> str:
     return group_ref(record.group_id, record.legacy_key or record.key)
 
 
+# Runs once a transaction's step has run and before its result is stored; may return an undo
+# for when the result is not stored after all.
+BeforeCommit = Callable[[Transaction[Any]], Callable[[], None] | None]
+
+
 class StoreFailed(Exception):
     """The store is unreachable or answered an error; nothing of the transition was applied."""
 
@@ -106,7 +111,7 @@ class GroupStore(Protocol):
         ref: str,
         step: Callable[[Transaction[Any]], T],
         *,
-        before_commit: Callable[[Transaction[Any]], Callable[[], None] | None] | None = None,
+        before_commit: BeforeCommit | None = None,
     ) -> Transaction[T]:
         """Run ``step`` (a core transition, synchronous) on the group ``ref`` atomically.
 

@@ -29,7 +29,7 @@ from genrm_trio.core.groups import (
     Statistics,
     StoreMeta,
 )
-from genrm_trio.store.group_store import Transaction
+from genrm_trio.store.group_store import BeforeCommit, Transaction
 
 log = logging.getLogger("genrm_trio")
 
@@ -56,7 +56,7 @@ class MemoryGroupStore:
         ref: str,
         step: Callable[[Transaction[Any]], T],
         *,
-        before_commit: Callable[[Transaction[Any]], Callable[[], None] | None] | None = None,
+        before_commit: BeforeCommit | None = None,
     ) -> Transaction[T]:
         # Awaited, but it never checkpoints: the caller's task runs on to its next await.
         tx = self.apply(ref, step)

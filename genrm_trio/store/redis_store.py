@@ -28,6 +28,7 @@ from genrm_trio.config import Config
 from genrm_trio.core.critical import critical_section
 from genrm_trio.core.groups import GroupCounts, GroupRegistry, Phase, Record, Statistics
 from genrm_trio.store.group_store import (
+    BeforeCommit,
     StoreFailed,
     Transaction,
     group_ref,
@@ -243,7 +244,7 @@ class RedisGroupStore:
         ref: str,
         step: Callable[[Transaction[Any]], T],
         *,
-        before_commit: Callable[[Transaction[Any]], Callable[[], None] | None] | None = None,
+        before_commit: BeforeCommit | None = None,
     ) -> Transaction[T]:
         """Run ``step`` (a core transition, synchronous) on the group ``ref`` until it commits.
 
