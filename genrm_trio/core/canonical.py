@@ -375,19 +375,24 @@ def _holds_nan(plain: Any) -> bool:
 
 
 def _canonical_plain(plain: Any) -> bytes:
-    try:
-        text = _ENCODER.encode(plain)
-    except ValueError as exc:
-        if "integer string conversion" not in str(exc):
-            raise
-        text = "".join(_encoded_parts(plain, []))
+    text = _encoded(plain)
     if _SURROGATE_ESCAPE.search(text):
         # Python strings may hold a surrogate pair as two code points; C-20 spells it like the
         # code point it encodes, and two keys may turn out to be one (the last wins).
-        text = _ENCODER.encode(_paired_surrogates_joined(plain))
+        text = _encoded(_paired_surrogates_joined(plain))
     if "\\" in text:
         text = _SHORT_ESCAPE.sub(_long_escape, text)
     return text.encode("ascii")
+
+
+def _encoded(plain: Any) -> str:
+    """``_ENCODER``'s text for ``plain``, integers beyond Python's digit cap included."""
+    try:
+        return _ENCODER.encode(plain)
+    except ValueError as exc:
+        if "integer string conversion" not in str(exc):
+            raise
+        return "".join(_encoded_parts(plain, []))
 
 
 def _encoded_parts(node: Any, parts: list[str]) -> list[str]:

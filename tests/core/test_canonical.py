@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from genrm_trio.core.canonical import canonical_json, digest_hex, fingerprint, fingerprint_json
+from genrm_trio.core.exact_ints import int_from_digits
 
 
 def _nan_with_bits(bits: int) -> float:
@@ -300,3 +301,15 @@ def test_a_surrogate_pair_held_as_two_code_points_is_its_code_point() -> None:
     assert fingerprint(["\ud83d\ude00", "\ud800"]) == fingerprint(["😀", "\ud800"])
     assert fingerprint({"\ud83d\ude00": 1, "😀": 2}) == fingerprint({"😀": 2})
     assert fingerprint(["\ude00\ud83d"]) != fingerprint(["😀"])
+
+
+@pytest.mark.usefixtures("default_digit_cap")
+def test_an_integer_beyond_the_digit_cap_next_to_a_surrogate_pair_is_fingerprinted() -> None:
+    # Both need the slower encoding: the pair rejoined, the integer written in pieces.
+    digits = "7" * 5000
+    text = f'{{"seed": {digits}, "text": "\\ud83d\\ude00"}}'.encode()
+    same = f'{{"text": "😀", "seed": {digits}}}'.encode()
+    assert fingerprint_json(text) == fingerprint_json(same)
+    assert fingerprint_json(text) != fingerprint_json(same.replace(b"7}", b"8}"))
+    seed = int_from_digits(digits)
+    assert fingerprint([seed, "\ud83d\ude00"]) == fingerprint([seed, "😀"])
