@@ -24,7 +24,6 @@ import tempfile
 import time
 from typing import Any
 
-import msgspec
 import trio
 
 from genrm_trio.runtime.engine import Engine
@@ -32,7 +31,7 @@ from genrm_trio.testing._shared_store import PREFIX, shared_config, shared_engin
 from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
-from genrm_trio.wire.parsing import parse_verify_body
+from genrm_trio.testing.scenarios.drivers import engine_outcome
 
 N = 16
 
@@ -47,8 +46,7 @@ async def load(engines: list[Engine], groups: int) -> tuple[float, float]:
     (/verify per second, ms CPU per /verify)."""
 
     async def one(engine: Engine, body: dict[str, Any]) -> None:
-        verified = await engine.verify(parse_verify_body(msgspec.json.encode(body), engine.config))
-        verified.reply_sent()
+        await engine_outcome(engine, body)
 
     started, cpu = time.perf_counter(), cpu_seconds()
     async with trio.open_nursery() as nursery:

@@ -19,10 +19,11 @@ import trio
 from genrm_trio.config import config_from_mapping
 from genrm_trio.logs import LogLineFormatter, configure_logging, startup_lines
 from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.testing._shared_store import shared_engines, verify
+from genrm_trio.testing._shared_store import shared_engines
 from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member, running_server
 from genrm_trio.testing.redis_server import RedisServer
+from genrm_trio.testing.scenarios.drivers import engine_outcome as verify
 
 LINE = re.compile(
     r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) genrm_trio (.*)$"

@@ -6,11 +6,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
-import msgspec
 import trio
 
 from genrm_trio.config import Config, config_from_mapping
-from genrm_trio.core.groups import Outcome
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.store.redis_store import RedisGroupStore
@@ -18,7 +16,6 @@ from genrm_trio.store.resp import StoreAddress
 from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.harness import SCENARIO_DEFAULTS
 from genrm_trio.testing.scenarios.steps import STORE_EPOCH
-from genrm_trio.wire.parsing import parse_verify_body
 
 PREFIX = "test:"
 
@@ -78,10 +75,3 @@ async def shared_engines(
         finally:
             for engine in engines:
                 await engine.shutdown()
-
-
-async def verify(engine: Engine, body: dict[str, Any]) -> Outcome:
-    request = parse_verify_body(msgspec.json.encode(body), engine.config)
-    verified = await engine.verify(request)
-    verified.reply_sent()
-    return verified.outcome

@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import msgspec
 import pytest
 import trio
 
@@ -20,7 +19,6 @@ from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
 from genrm_trio.testing.scenarios.drivers import engine_outcome
-from genrm_trio.wire.parsing import parse_verify_body
 
 SETTINGS: dict[str, Any] = {
     "num_rollouts_per_prompt": 3,
@@ -78,9 +76,8 @@ async def play(engines: list[Engine], bodies: list[dict[str, Any]], seed: int) -
     scopes: dict[int, trio.CancelScope] = {}
 
     async def send(index: int, engine: Engine, body: dict[str, Any]) -> None:
-        request = parse_verify_body(msgspec.json.encode(body), engine.config)
         with scopes.setdefault(index, trio.CancelScope()):
-            answers[index] = seen(await engine_outcome(engine, request))
+            answers[index] = seen(await engine_outcome(engine, body))
             return
         answers[index] = ("disconnected",)
 

@@ -13,9 +13,10 @@ from trio.testing import MockClock
 from genrm_trio.core.groups import Rejected, Scored
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.store.redis_store import Transaction
-from genrm_trio.testing._shared_store import PREFIX, harness_time, shared_engines, verify
+from genrm_trio.testing._shared_store import PREFIX, harness_time, shared_engines
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
+from genrm_trio.testing.scenarios.drivers import engine_outcome as verify
 
 
 async def test_a_group_written_under_every_attempt_is_answered_503_and_nothing_is_stored(

@@ -13,10 +13,11 @@ from trio.testing import MockClock
 from genrm_trio.core.groups import Outcome, Rejected, Scored
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.store.redis_store import check_store_invariants
-from genrm_trio.testing._shared_store import harness_time, shared_engines, verify
+from genrm_trio.testing._shared_store import harness_time, shared_engines
 from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
+from genrm_trio.testing.scenarios.drivers import engine_outcome as verify
 
 GROUPS = 32
 TAKEN_OVER = "GenRM took over the evaluation of key="

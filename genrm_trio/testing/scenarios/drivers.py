@@ -32,7 +32,7 @@ from genrm_trio.testing.scenarios.steps import (
     STORE_EPOCH,
     Via,
 )
-from genrm_trio.wire.bodies import METRIC_KEYS, VerifyRequest
+from genrm_trio.wire.bodies import METRIC_KEYS
 from genrm_trio.wire.parsing import parse_verify_body
 
 
@@ -64,9 +64,9 @@ def seen_reply(reply: Reply) -> Seen:
     return Seen("scored", 200, reward=float(body["reward"]), metrics=metrics or None)
 
 
-async def engine_outcome(engine: Engine, request: VerifyRequest) -> Outcome:
-    """``Engine.verify``'s outcome, its reply taken as written at once."""
-    verified = await engine.verify(request)
+async def engine_outcome(engine: Engine, body: dict[str, Any]) -> Outcome:
+    """``Engine.verify``'s outcome for ``body``, its reply taken as written at once."""
+    verified = await engine.verify(parse_verify_body(msgspec.json.encode(body), engine.config))
     verified.reply_sent()
     return verified.outcome
 
@@ -124,9 +124,7 @@ class EngineDriver:
             self.engines[index], self._scopes[index], self._gone[index] = engine, scope, gone
 
     async def verify(self, body: dict[str, Any], engine: int = 0) -> Seen:
-        target = self.engines[engine]
-        parsed = parse_verify_body(msgspec.json.encode(body), target.config)
-        return seen_outcome(await engine_outcome(target, parsed))
+        return seen_outcome(await engine_outcome(self.engines[engine], body))
 
     async def shutdown(self) -> None:
         for engine in self.engines:
