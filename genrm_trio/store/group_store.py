@@ -61,6 +61,17 @@ def record_ref(record: Record) -> str:
     return group_ref(record.group_id, record.legacy_key or record.key)
 
 
+def split_ref(ref: str) -> tuple[str | None, str | None]:
+    """(group id, legacy key) of a ``group_ref``: one of them is None."""
+    return (ref[2:], None) if ref.startswith("e:") else (None, ref[2:])
+
+
+def find_record(registry: GroupRegistry, ref: str) -> Record | None:
+    """The record ``ref`` names in ``registry``, if it holds one."""
+    name = ref[2:]
+    return registry.explicit.get(name) if ref.startswith("e:") else registry.legacy.get(name)
+
+
 # Runs once a transaction's step has run and before its result is stored; may return an undo
 # for when the result is not stored after all.
 BeforeCommit = Callable[[Transaction[Any]], Callable[[], None] | None]

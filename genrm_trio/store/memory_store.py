@@ -29,7 +29,7 @@ from genrm_trio.core.groups import (
     Statistics,
     StoreMeta,
 )
-from genrm_trio.store.group_store import BeforeCommit, Transaction
+from genrm_trio.store.group_store import BeforeCommit, Transaction, find_record
 
 log = logging.getLogger("genrm_trio")
 
@@ -68,7 +68,7 @@ class MemoryGroupStore:
         """Run ``step`` on the registry and report what changed. Plain synchronous code: the
         core's entry points the step calls are critical sections of their own."""
         registry = self.registry
-        loaded = registry.explicit.get(ref[2:]) if ref[0] == "e" else registry.legacy.get(ref[2:])
+        loaded = find_record(registry, ref)
         was_active = loaded is not None and loaded.phase.active
         tx: Transaction[T] = Transaction(registry, trio.current_time(), loaded)
         tx.result = step(tx)

@@ -31,8 +31,10 @@ from genrm_trio.store.group_store import (
     BeforeCommit,
     StoreFailed,
     Transaction,
+    find_record,
     group_ref,
     record_ref,
+    split_ref,
 )
 from genrm_trio.store.records import (
     StoreMeta,
@@ -251,8 +253,7 @@ class RedisGroupStore:
         ``before_commit`` runs after the step, before EXEC is sent, and may return an undo that
         runs if the EXEC does not apply (a conflict, or the store failing).
         """
-        group_id = ref[2:] if ref.startswith("e:") else None
-        legacy_key = ref[2:] if group_id is None else None
+        group_id, legacy_key = split_ref(ref)
         watched = [self.record_key(ref)]
         if group_id is not None:
             watched.append(self.watermark_key(group_id))
@@ -393,11 +394,7 @@ class RedisGroupStore:
         now = tx.now
         ttl = self.config.cohort_result_ttl_s
         writes: list[list[Arg]] = []
-        record = (
-            registry.explicit.get(group_id)
-            if group_id is not None
-            else registry.legacy.get(legacy_key or "")
-        )
+        record = find_record(registry, ref)
         if record is not None and record.meta is None:
             record.meta = StoreMeta(
                 uuid.uuid4().hex, record.started_at + self.config.cohort_collection_timeout_s

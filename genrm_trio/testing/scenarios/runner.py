@@ -19,6 +19,7 @@ import trio.testing
 
 from genrm_trio.core.groups import GroupRegistry
 from genrm_trio.runtime.hooks import Hooks
+from genrm_trio.store.group_store import find_record
 from genrm_trio.store.redis_store import check_store_invariants
 from genrm_trio.testing import _invariants as invariants
 from genrm_trio.testing._invariants import Seen, Violation, _registry_label
@@ -478,8 +479,7 @@ class _Runner:
             found.append(Violation("R-1", step, f"idle order {seen_idle}, expected {idle}"))
         seen_terminal = []
         for ref in await self._live(shared, "terminal"):
-            kind, name = ref[:2], ref[2:]
-            record = (registry.explicit if kind == "e:" else registry.legacy).get(name)
+            record = find_record(registry, ref)
             seen_terminal.append(record.key if record is not None else f"<no record {ref}>")
         if seen_terminal != terminal:
             found.append(
