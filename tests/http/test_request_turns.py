@@ -104,21 +104,27 @@ async def expected_rows(posted: list[bytes]) -> list[bytes]:
     return rows
 
 
+async def post_each(port: int, posted: list[bytes]) -> list[bytes]:
+    """Each body on a fresh connection, all at once; the rows in the order posted."""
+    rows: list[bytes] = [b""] * len(posted)
+
+    async def post(index: int) -> None:
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            await stream.send_all(head(len(posted[index])) + posted[index])
+            status, rows[index] = await read_reply(stream)
+            assert status.startswith(b"HTTP/1.1 200")
+
+    async with trio.open_nursery() as nursery:
+        for index in range(len(posted)):
+            nursery.start_soon(post, index)
+    return rows
+
+
 async def test_more_requests_at_once_than_turns_are_all_read_and_answered_right() -> None:
     posted = bodies(4)
     expected = await expected_rows(posted)
     async with serving(trio.Semaphore(2)) as (_, port):
-        rows: list[bytes] = [b""] * len(posted)
-
-        async def post(index: int) -> None:
-            async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
-                await stream.send_all(head(len(posted[index])) + posted[index])
-                status, rows[index] = await read_reply(stream)
-                assert status.startswith(b"HTTP/1.1 200")
-
-        async with trio.open_nursery() as nursery:
-            for index in range(len(posted)):
-                nursery.start_soon(post, index)
+        rows = await post_each(port, posted)
     assert rows == expected
 
 
@@ -196,15 +202,5 @@ async def test_a_pipelined_request_after_a_whole_one_is_answered_in_order() -> N
             for _ in range(2):
                 status, _body = await read_reply(stream)
                 assert status.startswith(b"HTTP/1.1 200")
-        rows: list[bytes] = [b""] * len(posted)
-
-        async def post(index: int) -> None:
-            async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
-                await stream.send_all(head(len(posted[index])) + posted[index])
-                status, rows[index] = await read_reply(stream)
-                assert status.startswith(b"HTTP/1.1 200")
-
-        async with trio.open_nursery() as nursery:
-            for index in range(len(posted)):
-                nursery.start_soon(post, index)
+        rows = await post_each(port, posted)
     assert rows == expected
