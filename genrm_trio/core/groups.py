@@ -205,9 +205,10 @@ class Watermark(NamedTuple):
 
 @dataclass(slots=True)
 class StoreMeta:
-    """What a shared group store keeps beside a record, in the store's clock (docs/group-store.md).
+    """What a group store keeps beside a record, in the store's clock (docs/group-store.md).
 
-    The core never reads it; a store sets it when the record is first written.
+    The core never reads it; a store sets it when the record is first written (the memory store
+    too, with fencing token 1 and no lease).
     """
 
     rid: str  # unique per record, so a waiter never mistakes a later record for its own
@@ -235,7 +236,7 @@ class Record:
     failed_comparisons: dict[int, str] = field(default_factory=dict)
     failure: Failure | None = None
     terminal_time: float | None = None
-    meta: StoreMeta | None = None  # a shared store's bookkeeping; None in a process's memory
+    meta: StoreMeta | None = None  # the store's bookkeeping; None until a store writes it
     # Opened by a row whose legacy key had already completed, and still collecting (§5.14).
     legacy_resend: bool = False
 
