@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import h11
 import hypercorn.protocol.h11
+import hypercorn.protocol.http_stream
 import hypercorn.trio.tcp_server
 import pytest
 from h11._readers import ContentLengthReader
@@ -84,3 +85,24 @@ def test_the_read_loop_finds_what_h11_still_expects_of_a_request_where_it_looks(
     run = inspect.getsource(TCPServer.run)
     assert "await self.idle_task.restart(self._task_group, self._idle_timeout)" in run
     assert "self.idle_task = TrioSingleTask()" in inspect.getsource(TCPServer.__init__)
+
+
+def test_a_large_body_passed_past_h11_reaches_the_application_as_hypercorn_would_pass_it() -> None:
+    # The read loop hands a large body's reads to hypercorn's stream as Body events, counts them
+    # off h11's reader, and then lets hypercorn's protocol take h11's end of the body.
+    assert "def _handle_events(self)" in inspect.getsource(hypercorn.protocol.h11.H11Protocol)
+    events = inspect.getsource(hypercorn.protocol.h11.H11Protocol._handle_events)
+    assert "self.connection.next_event()" in events
+    assert "await self.stream.handle(EndBody(stream_id=STREAM_ID))" in events
+    handle = inspect.getsource(hypercorn.protocol.http_stream.HTTPStream.handle)
+    assert '"body": bytes(event.data), "more_body": True' in handle
+    assert "if self.closed:" in handle
+    assert hypercorn.protocol.h11.STREAM_ID == 1
+    connection = h11.Connection(h11.SERVER)
+    connection.receive_data(b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: 5\r\n\r\n")
+    connection.next_event()
+    reader = connection._reader
+    assert isinstance(reader, ContentLengthReader)
+    reader._remaining -= 5  # what the read loop passed on itself
+    assert isinstance(connection.next_event(), h11.EndOfMessage)
+    assert connection.their_state is h11.DONE

@@ -25,7 +25,16 @@ of at most ``GATHERED_BODY_BYTES`` is read in a turn: at most ``RECEIVING_REQUES
 at once read such a request's head and its whole body, into one buffer of its length, handed to
 h11 in one piece (the application then takes it as one chunk, without joining pieces). A
 connection gives its turn up as soon as it would wait, for the client's bytes or for its gate;
-the rest of its reads go as before, and so do larger bodies.
+the rest of its reads go as before.
+
+A larger body of declared length (a long rollout: 2 MB for 64k tokens) is passed from the
+socket to the application past h11. h11 would copy each read into its buffer and slice it out
+twice, and hypercorn copy it once more, each a fresh mapping at these sizes; the body instead
+goes in reads of up to ``BODY_READ_BYTES``, each handed to hypercorn's stream as it came, with
+h11's count of the body's bytes kept, so that h11 still ends the body and the connection goes
+on as it would. Its head still goes through h11, and so does everything about the body other
+than its bytes: the application's decision to read it now or later (its gate), a client that
+stops halfway (a 400), a refusal by its declared length.
 
 The loop drives hypercorn's HTTP/1.1 protocol objects directly, so ``pyproject.toml`` pins
 hypercorn to one minor release, and what this loop leaves out of hypercorn's own (TLS, HTTP/2
@@ -49,7 +58,9 @@ import trio
 from h11._readers import ContentLengthReader
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.events import Closed, RawData
+from hypercorn.protocol.events import Body
 from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.protocol.http_stream import HTTPStream
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.statsd import StatsdLogger
 from hypercorn.trio.tcp_server import TCPServer
@@ -89,9 +100,15 @@ REJECT_DRAIN_S = 2.0
 # The first read of a connection, and every read after the socket ran dry: a request's head and
 # a small body in one read, while a connection that waits holds at most this much unread.
 FIRST_READ_BYTES = 32 * 1024
-# Reads double while each one fills its buffer, up to this: a 2 MB body then takes about a dozen
-# reads instead of 64 (each read is one trip through h11, hypercorn's queue and the scheduler).
+# Reads double while each one fills its buffer, up to this: a 2 MB body of no declared length (or
+# whose head came in pieces) then takes about a dozen reads instead of 64 (each read is one trip
+# through h11, hypercorn's queue and the scheduler).
 LARGEST_READ_BYTES = 256 * 1024
+# The largest read of a body passed past h11: a 2 MB body in two or three reads, without asking
+# for a buffer the size of any length a client may declare.
+BODY_READ_BYTES = 1024 * 1024
+# hypercorn's HTTP/1.1 protocol has one stream, with this id (hypercorn.protocol.h11.STREAM_ID).
+_STREAM_ID = 1
 # Connections reading a request in their turn at once (see the module's docstring): enough to keep
 # the event loop busy, few enough that their buffers are a few MiB that the next ones reuse.
 RECEIVING_REQUESTS = 64
@@ -156,7 +173,8 @@ class GatedTCPServer(TCPServer):
                 if self.turns is not None and self._between_requests():
                     with trio.fail_after(limit):
                         await trio.lowlevel.wait_readable(self.stream.socket)
-                    if self._expects_head() and await self._declares_small_body():
+                    head = await self._peek_head() if self._expects_head() else None
+                    if head is not None and head[1] <= GATHERED_BODY_BYTES:
                         # A request is coming: waiting for its turn is not idling, and must
                         # not end in the keep-alive timeout.
                         await self.idle_task.stop()
@@ -164,6 +182,11 @@ class GatedTCPServer(TCPServer):
                             break  # the client closed the connection
                         if self._no_request():
                             await self.idle_task.restart(self._task_group, self._idle_timeout)
+                        size = FIRST_READ_BYTES
+                        continue
+                    if head is not None:
+                        if await self._read_large_request(head[0], limit):
+                            break
                         size = FIRST_READ_BYTES
                         continue
                 with trio.fail_after(limit):
@@ -243,18 +266,87 @@ class GatedTCPServer(TCPServer):
             if turn:
                 turns.release()
 
-    async def _declares_small_body(self) -> bool:
-        """Whether the request the client is sending declares, in the first bytes of its head,
-        a body small enough to gather (only a hint: h11's reading of the head decides). Larger
-        bodies are read as they come, without a turn: in turns, the first reads of a step of
-        2 MB bodies spread out, more of each body came in small reads, and the heap grew with
+    async def _read_large_request(self, head_end: int, limit: float) -> bool:
+        """Read a request whose head declares a body larger than GATHERED_BODY_BYTES: the head
+        through h11, then the body from the socket to the application in reads as large as the
+        kernel has (up to BODY_READ_BYTES), past h11. True if the client closed the connection."""
+        socket_ = self.stream.socket
+        head = _read_now(socket_, head_end)
+        if head is None:
+            return False  # nothing to read after all: wait again
+        await self.protocol.handle(RawData(head))
+        if not head:
+            return True
+        del head
+        passing = self._body_to_pass()
+        if passing is None:
+            return False  # not a body of declared length: read as before
+        protocol, connection, stream = passing
+        reader = cast(ContentLengthReader, connection._reader)
+        # The application decides whether the body may be read now before any of it is (see
+        # _read_request_in_turn); a body it refused without reading is read as before.
+        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint()
+        while reader._remaining:
+            await self.read_gate.wait_open()
+            if stream.closed or connection.their_state is not h11.SEND_BODY:
+                return False
+            data = _read_now(socket_, min(reader._remaining, BODY_READ_BYTES))
+            if data is None:
+                with trio.fail_after(limit):
+                    await trio.lowlevel.wait_readable(socket_)
+                continue
+            if not data:
+                # h11 learns of the early end as it does on the usual path (and answers 400).
+                await self.protocol.handle(RawData(data))
+                return True
+            reader._remaining -= len(data)
+            await stream.handle(Body(stream_id=_STREAM_ID, data=data))
+            del data
+        # With nothing left to read, h11 ends the body and hypercorn tells the application.
+        await protocol._handle_events()
+        return False
+
+    def _body_to_pass(self) -> tuple[H11Protocol, h11.Connection, HTTPStream] | None:
+        """hypercorn's protocol, h11's connection and hypercorn's stream for the request whose
+        head h11 just took, when its body is to be passed to the application past h11: its
+        length is declared, larger than GATHERED_BODY_BYTES, and h11 holds none of it; None
+        otherwise."""
+        protocol = getattr(self.protocol, "protocol", None)
+        connection = self._h11()
+        if (
+            not isinstance(protocol, H11Protocol)
+            or connection is None
+            or connection.their_state is not h11.SEND_BODY
+        ):
+            return None
+        stream = protocol.stream
+        reader = connection._reader
+        if (
+            not isinstance(stream, HTTPStream)
+            or not isinstance(reader, ContentLengthReader)
+            or connection._receive_buffer
+            or reader._remaining <= GATHERED_BODY_BYTES
+        ):
+            return None
+        return protocol, connection, stream
+
+    async def _peek_head(self) -> tuple[int, int] | None:
+        """Where the head of the request the client is sending ends and the body length it
+        declares, from the head's first bytes (only a hint: h11's reading of the head decides);
+        None when they do not show both. A body up to GATHERED_BODY_BYTES is read in a turn.
+        Larger bodies are read as they come, without a turn: in turns, the first reads of a step
+        of 2 MB bodies spread out, more of each body came in small reads, and the heap grew with
         them (docs/performance.md)."""
         try:
             start = await self.stream.socket.recv(HEAD_PEEK_BYTES, socket.MSG_PEEK)
         except OSError as exc:
             raise _stream_error(exc) from None
         end = _HEAD_END.search(start)
-        return end is not None and _may_gather(start, end.end())
+        declared = None if end is None else _CONTENT_LENGTH.search(start, 0, end.end())
+        if end is None or declared is None:
+            return None
+        return end.end(), int(declared[1])
 
     def _no_request(self) -> bool:
         """h11 has not seen the head of a request yet."""

@@ -1,7 +1,9 @@
-"""`serve` reads requests in turns: at most a few connections at once read a request's head and
-its (small) body, so that a whole step posted at once does not leave every connection's read
-buffers in the heap. A connection waiting for its turn, or a client sending slowly, changes
-nothing a client sees. Driven over real loopback sockets through `serve`'s own loops."""
+"""How `serve` reads requests. In turns: at most a few connections at once read a request's head
+and its (small) body, so that a whole step posted at once does not leave every connection's read
+buffers in the heap. A larger body of declared length goes from the socket to the application in
+large reads, past h11's buffer. A connection waiting for its turn, a client sending slowly or
+leaving halfway, changes nothing else a client sees. Driven over real loopback sockets through
+`serve`'s own loops."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import trio
 from genrm_trio.cli import hypercorn_settings
 from genrm_trio.config import config_from_mapping
 from genrm_trio.http.app import GenRMApp, create_app
-from genrm_trio.http.serving import ConnectionGate, serve_app
+from genrm_trio.http.serving import GATHERED_BODY_BYTES, ConnectionGate, serve_app
 from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.harness import SCENARIO_DEFAULTS, member, running_server
 
@@ -204,3 +206,79 @@ async def test_a_pipelined_request_after_a_whole_one_is_answered_in_order() -> N
                 assert status.startswith(b"HTTP/1.1 200")
         rows = await post_each(port, posted)
     assert rows == expected
+
+
+# Bodies of about 500 KB: larger than a turn gathers, so each is passed to the application past h11.
+LARGE_TOKENS = 80_000
+
+
+async def send_in_some_way(stream: trio.SocketStream, body: bytes, way: int) -> None:
+    """A whole request, sent in one of four ways a client may send it."""
+    if way == 0:
+        # The head alone, then the body in pieces with pauses between them.
+        await stream.send_all(head(len(body)))
+        for piece in (body[:1000], body[1000:200_000], body[200_000:]):
+            await trio.sleep(0.05)
+            await stream.send_all(piece)
+    elif way == 1:
+        # The head with the start of the body, then the rest later.
+        await stream.send_all(head(len(body)) + body[:40_000])
+        await trio.sleep(0.05)
+        await stream.send_all(body[40_000:])
+    elif way == 2:
+        # The client asks before it sends its body.
+        await stream.send_all(head(len(body), extra=b"expect: 100-continue\r\n"))
+        line = await stream.receive_some(65536)
+        assert line.startswith(b"HTTP/1.1 100"), line
+        await stream.send_all(body)
+    else:
+        await stream.send_all(head(len(body)) + body)
+
+
+async def test_large_bodies_sent_in_any_way_on_kept_alive_connections_get_the_right_rows() -> None:
+    posted = bodies(2, tokens=LARGE_TOKENS)
+    assert min(len(body) for body in posted) > GATHERED_BODY_BYTES
+    expected = await expected_rows(posted)
+    async with serving(trio.Semaphore(2)) as (_, port):
+        rows: list[bytes] = [b""] * len(posted)
+
+        async def client(slot: int) -> None:
+            # One connection per slot, posting its member of the first group, then of the second.
+            async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+                for group in range(2):
+                    index = group * GROUP + slot
+                    await send_in_some_way(stream, posted[index], (slot + group) % GROUP)
+                    status, rows[index] = await read_reply(stream)
+                    assert status.startswith(b"HTTP/1.1 200")
+
+        async with trio.open_nursery() as nursery:
+            for slot in range(GROUP):
+                nursery.start_soon(client, slot)
+    assert rows == expected
+
+
+async def test_a_client_that_stops_halfway_through_a_large_body_gets_a_400_and_no_slot() -> None:
+    posted = bodies(1, tokens=LARGE_TOKENS)
+    expected = await expected_rows(posted)
+    async with serving(trio.Semaphore(2)) as (app, port):
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            await stream.send_all(head(len(posted[0])) + posted[0][: len(posted[0]) // 2])
+            await stream.send_eof()
+            status, _body = await read_reply(stream)
+            assert status.startswith(b"HTTP/1.1 400")
+        # The half body took nothing: the whole group, the same member included, is answered.
+        rows = await post_each(port, posted)
+        assert app.spool_budget.receiving == 0
+    assert rows == expected
+
+
+async def test_a_large_body_over_the_size_limit_is_refused_by_its_declared_length() -> None:
+    posted = bodies(1, tokens=LARGE_TOKENS)
+    limit = len(posted[0]) - 1
+    async with serving(trio.Semaphore(2), max_body_bytes=limit) as (app, port):
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            await stream.send_all(head(len(posted[0])))
+            status, body = await read_reply(stream)  # answered before the body is sent
+            assert status.startswith(b"HTTP/1.1 413")
+            assert str(limit).encode() in body
+        assert app.spool_budget.receiving == 0
