@@ -30,9 +30,9 @@ the rest of its reads go as before.
 A larger body of declared length (a long rollout: 2 MB for 64k tokens) is passed from the
 socket to the application past h11. h11 would copy each read into its buffer and slice it out
 twice, and hypercorn copy it once more, each a fresh mapping at these sizes; the body instead
-goes in reads of up to ``BODY_READ_BYTES``, each handed to hypercorn's stream as it came, with
-h11's count of the body's bytes kept, so that h11 still ends the body and the connection goes
-on as it would. Its head still goes through h11, and so does everything about the body other
+goes in reads of what the kernel holds, up to ``BODY_READ_BYTES``, each handed to hypercorn's
+stream as it came, with h11's count of the body's bytes kept, so that h11 still ends the body
+and the connection goes on as it would. Its head still goes through h11, and so does everything about the body other
 than its bytes: the application's decision to read it now or later (its gate), a client that
 stops halfway (a 400), a refusal by its declared length.
 
@@ -44,11 +44,14 @@ and QUIC, ``max_requests``, ...) is listed in docs/running.md.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import math
 import os
 import re
 import socket
+import sys
+import termios
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, cast
@@ -291,7 +294,11 @@ class GatedTCPServer(TCPServer):
             await self.read_gate.wait_open()
             if stream.closed or connection.their_state is not h11.SEND_BODY:
                 return False
-            data = _read_now(socket_, min(reader._remaining, BODY_READ_BYTES))
+            # A read asks for what the kernel holds: a buffer over the mmap threshold that
+            # got less would stay a mapping of its own (glibc shrinks it in place), one per
+            # read of a client sending slowly.
+            size = max(_bytes_held(socket_), FIRST_READ_BYTES)
+            data = _read_now(socket_, min(reader._remaining, size, BODY_READ_BYTES))
             if data is None:
                 with trio.fail_after(limit):
                     await trio.lowlevel.wait_readable(socket_)
@@ -407,6 +414,15 @@ def _read_now(socket_: trio.socket.SocketType, size: int) -> bytes | None:
         return None
     except OSError as exc:
         raise _stream_error(exc) from None
+
+
+def _bytes_held(socket_: trio.socket.SocketType) -> int:
+    """How many bytes the kernel holds unread for ``socket_`` (0 if it cannot say)."""
+    try:
+        held = fcntl.ioctl(socket_.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except OSError:
+        return 0
+    return int.from_bytes(held, sys.byteorder, signed=True)
 
 
 def _read_into_now(socket_: trio.socket.SocketType, view: memoryview) -> int | None:
