@@ -130,6 +130,30 @@ async def test_more_requests_at_once_than_turns_are_all_read_and_answered_right(
     assert rows == expected
 
 
+async def send_in_some_way(stream: trio.SocketStream, body: bytes, way: int) -> None:
+    """A whole request, sent in one of four ways a client may send it."""
+    if way == 0:
+        # The head alone, then the body in pieces with pauses between them.
+        await stream.send_all(head(len(body)))
+        half = len(body) // 2
+        for piece in (body[:1000], body[1000:half], body[half:]):
+            await trio.sleep(0.05)
+            await stream.send_all(piece)
+    elif way == 1:
+        # The head with the start of the body, then the rest later.
+        await stream.send_all(head(len(body)) + body[:40_000])
+        await trio.sleep(0.05)
+        await stream.send_all(body[40_000:])
+    elif way == 2:
+        # The client asks before it sends its body.
+        await stream.send_all(head(len(body), extra=b"expect: 100-continue\r\n"))
+        line = await stream.receive_some(65536)
+        assert line.startswith(b"HTTP/1.1 100"), line
+        await stream.send_all(body)
+    else:
+        await stream.send_all(head(len(body)) + body)
+
+
 async def test_a_body_sent_slowly_in_pieces_gets_the_row_it_gets_sent_at_once() -> None:
     posted = bodies(1, tokens=20_000)  # 100 KB: read whole when it arrives at once
     expected = await expected_rows(posted)
@@ -137,27 +161,8 @@ async def test_a_body_sent_slowly_in_pieces_gets_the_row_it_gets_sent_at_once() 
         rows: list[bytes] = [b""] * len(posted)
 
         async def post(index: int) -> None:
-            body = posted[index]
             async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
-                if index == 0:
-                    # The head alone, then the body in three pieces with pauses between them.
-                    await stream.send_all(head(len(body)))
-                    for piece in (body[:1000], body[1000:50_000], body[50_000:]):
-                        await trio.sleep(0.05)
-                        await stream.send_all(piece)
-                elif index == 1:
-                    # The head with more of the body than one read takes, then the rest later.
-                    await stream.send_all(head(len(body)) + body[:40_000])
-                    await trio.sleep(0.05)
-                    await stream.send_all(body[40_000:])
-                elif index == 2:
-                    # The client asks before it sends its body.
-                    await stream.send_all(head(len(body), extra=b"expect: 100-continue\r\n"))
-                    line = await stream.receive_some(65536)
-                    assert line.startswith(b"HTTP/1.1 100"), line
-                    await stream.send_all(body)
-                else:
-                    await stream.send_all(head(len(body)) + body)
+                await send_in_some_way(stream, posted[index], index)
                 status, rows[index] = await read_reply(stream)
                 assert status.startswith(b"HTTP/1.1 200")
 
@@ -210,29 +215,6 @@ async def test_a_pipelined_request_after_a_whole_one_is_answered_in_order() -> N
 
 # Bodies of about 500 KB: larger than a turn gathers, so each is passed to the application past h11.
 LARGE_TOKENS = 80_000
-
-
-async def send_in_some_way(stream: trio.SocketStream, body: bytes, way: int) -> None:
-    """A whole request, sent in one of four ways a client may send it."""
-    if way == 0:
-        # The head alone, then the body in pieces with pauses between them.
-        await stream.send_all(head(len(body)))
-        for piece in (body[:1000], body[1000:200_000], body[200_000:]):
-            await trio.sleep(0.05)
-            await stream.send_all(piece)
-    elif way == 1:
-        # The head with the start of the body, then the rest later.
-        await stream.send_all(head(len(body)) + body[:40_000])
-        await trio.sleep(0.05)
-        await stream.send_all(body[40_000:])
-    elif way == 2:
-        # The client asks before it sends its body.
-        await stream.send_all(head(len(body), extra=b"expect: 100-continue\r\n"))
-        line = await stream.receive_some(65536)
-        assert line.startswith(b"HTTP/1.1 100"), line
-        await stream.send_all(body)
-    else:
-        await stream.send_all(head(len(body)) + body)
 
 
 async def test_large_bodies_sent_in_any_way_on_kept_alive_connections_get_the_right_rows() -> None:
