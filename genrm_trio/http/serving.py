@@ -32,9 +32,9 @@ socket to the application past h11. h11 would copy each read into its buffer and
 twice, and hypercorn copy it once more, each a fresh mapping at these sizes; the body instead
 goes in reads of what the kernel holds, up to ``BODY_READ_BYTES``, each handed to hypercorn's
 stream as it came, with h11's count of the body's bytes kept, so that h11 still ends the body
-and the connection goes on as it would. Its head still goes through h11, and so does everything about the body other
-than its bytes: the application's decision to read it now or later (its gate), a client that
-stops halfway (a 400), a refusal by its declared length.
+and the connection goes on as it would. Its head still goes through h11, and so does everything
+about the body other than its bytes: the application's decision to read it now or later (its
+gate), a client that stops halfway (a 400), a refusal by its declared length.
 
 The loop drives hypercorn's HTTP/1.1 protocol objects directly, so ``pyproject.toml`` pins
 hypercorn to one minor release, and what this loop leaves out of hypercorn's own (TLS, HTTP/2
