@@ -285,16 +285,15 @@ class GatedTCPServer(TCPServer):
         passing = self._body_to_pass()
         if passing is None:
             return False  # not a body of declared length: read as before
-        protocol, connection, stream = passing
-        reader = cast(ContentLengthReader, connection._reader)
+        protocol, reader, stream = passing
         # The application decides whether the body may be read now before any of it is (see
         # _read_request_in_turn); a body it refused without reading is read as before.
         await trio.lowlevel.checkpoint()
         await trio.lowlevel.checkpoint()
         while reader._remaining:
             await self.read_gate.wait_open()
-            if stream.closed or connection.their_state is not h11.SEND_BODY:
-                return False
+            if stream.closed:
+                return False  # answered already: h11 reads (and drops) the rest as usual
             # A read asks for what the kernel holds: a buffer over the mmap threshold that
             # got less would stay a mapping of its own (glibc shrinks it in place), one per
             # read of a client sending slowly.
@@ -315,29 +314,20 @@ class GatedTCPServer(TCPServer):
         await protocol._handle_events()
         return False
 
-    def _body_to_pass(self) -> tuple[H11Protocol, h11.Connection, HTTPStream] | None:
-        """hypercorn's protocol, h11's connection and hypercorn's stream for the request whose
-        head h11 just took, when its body is to be passed to the application past h11: its
-        length is declared, larger than GATHERED_BODY_BYTES, and h11 holds none of it; None
-        otherwise."""
+    def _body_to_pass(self) -> tuple[H11Protocol, ContentLengthReader, HTTPStream] | None:
+        """hypercorn's protocol, h11's reader and hypercorn's stream for the request whose head
+        h11 just took, when its body is to be passed to the application past h11: its length is
+        declared, larger than GATHERED_BODY_BYTES, and h11 holds none of it; None otherwise."""
+        reader = self._unread_body()
         protocol = getattr(self.protocol, "protocol", None)
-        connection = self._h11()
         if (
-            not isinstance(protocol, H11Protocol)
-            or connection is None
-            or connection.their_state is not h11.SEND_BODY
-        ):
-            return None
-        stream = protocol.stream
-        reader = connection._reader
-        if (
-            not isinstance(stream, HTTPStream)
-            or not isinstance(reader, ContentLengthReader)
-            or connection._receive_buffer
+            reader is None
             or reader._remaining <= GATHERED_BODY_BYTES
+            or not isinstance(protocol, H11Protocol)
+            or not isinstance(protocol.stream, HTTPStream)
         ):
             return None
-        return protocol, connection, stream
+        return protocol, reader, protocol.stream
 
     async def _peek_head(self) -> tuple[int, int] | None:
         """Where the head of the request the client is sending ends and the body length it
@@ -390,14 +380,20 @@ class GatedTCPServer(TCPServer):
         """The length of the body whose head h11 just took, when it is to be read whole: its
         length is declared, at most GATHERED_BODY_BYTES, and more than the ``started`` bytes
         read with the head; 0 otherwise."""
+        reader = self._unread_body()
+        length: int = 0 if reader is None else reader._remaining
+        return length if started < length <= GATHERED_BODY_BYTES else 0
+
+    def _unread_body(self) -> ContentLengthReader | None:
+        """h11's reader of the body whose head it just took, when the body's length is declared
+        and h11 holds none of it yet (its ``_remaining`` is then all of it)."""
         connection = self._h11()
         if connection is None or connection.their_state is not h11.SEND_BODY:
-            return 0
+            return None
         reader = connection._reader
         if not isinstance(reader, ContentLengthReader) or connection._receive_buffer:
-            return 0
-        length: int = reader._remaining
-        return length if started < length <= GATHERED_BODY_BYTES else 0
+            return None
+        return reader
 
 
 def _may_gather(data: bytes, head_end: int) -> bool:
