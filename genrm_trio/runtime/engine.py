@@ -166,7 +166,10 @@ class Evaluation:
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     ready: trio.Event = field(default_factory=trio.Event)  # claimed: judge the whole plan
     wake: trio.Event = field(default_factory=trio.Event)  # comparisons were queued
-    queued: list[Comparison] = field(default_factory=list)
+    # Comparisons to start, each with its judge task built from the record as the transaction
+    # that queued it left it: a supersession may drop the record's inputs before this
+    # evaluation's task first runs, but never the snapshot it holds.
+    queued: list[tuple[Comparison, JudgeTask]] = field(default_factory=list)
     deadline: float = math.inf  # the evaluation deadline, in Trio's clock, once claimed
     began: float = math.inf  # when it was claimed, in Trio's clock
     verdicts: dict[int, Verdict] = field(default_factory=dict)
@@ -567,7 +570,7 @@ class Engine:
         for record, comparisons in tx.comparisons:
             evaluation = self._evaluations.get(_key(record))
             if evaluation is not None:
-                evaluation.queued.extend(comparisons)
+                evaluation.queued += self._snapshot(record, comparisons, evaluation.lane)
                 evaluation.wake.set()
         finished = tx.finished
         if finished is not None:
@@ -592,7 +595,7 @@ class Engine:
             evaluation = self._evaluations.get((meta.rid, meta.fence))
             if evaluation is None:
                 evaluation = self._start_evaluation(claimed, complete=True)
-                evaluation.queued = list(claimed.plan)
+                evaluation.queued = self._snapshot(claimed, claimed.plan, evaluation.lane)
             assert meta.evaluation_due is not None
             evaluation.deadline = now + (meta.evaluation_due - tx.now)
             evaluation.began = now
@@ -721,14 +724,15 @@ class Engine:
 
     def _start_queued(self, record: Record, evaluation: Evaluation, nursery: trio.Nursery) -> None:
         queued, evaluation.queued = evaluation.queued, []
-        for comparison in queued:
-            nursery.start_soon(
-                self._compare,
-                record,
-                evaluation,
-                comparison,
-                self._judge_task(record, comparison, evaluation.lane),
-            )
+        if evaluation.scope.cancel_called:
+            return  # superseded or shut down before this task's first checkpoint
+        for comparison, task in queued:
+            nursery.start_soon(self._compare, record, evaluation, comparison, task)
+
+    def _snapshot(
+        self, record: Record, comparisons: list[Comparison], lane: Lane
+    ) -> list[tuple[Comparison, JudgeTask]]:
+        return [(c, self._judge_task(record, c, lane)) for c in comparisons]
 
     def _judge_task(self, record: Record, comparison: Comparison, lane: Lane) -> JudgeTask:
         inputs = record.inputs
