@@ -45,7 +45,7 @@ import trio
 import trio.testing
 
 from genrm_trio.config import Config
-from genrm_trio.core.groups import Scored
+from genrm_trio.core.outcomes import Scored
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.wire.bodies import VerifyRequest
@@ -137,9 +137,8 @@ class Driver:
         self.nursery.start_soon(self._verify, request)
 
     async def _verify(self, request: VerifyRequest) -> None:
-        verified = await self.engine.verify(request)
-        verified.reply_sent()
-        outcome = verified.outcome
+        async with self.engine.verify(request) as verified:
+            outcome = verified.outcome
         if isinstance(outcome, Scored):
             self.scored += 1
         else:

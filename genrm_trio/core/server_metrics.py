@@ -12,7 +12,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from typing import TypeVar
 
-from genrm_trio.core.groups import Masked, Outcome, Scored
+from genrm_trio.core.outcomes import Masked, Outcome, Scored
 
 __all__ = [
     "ATTEMPT_BUCKETS",

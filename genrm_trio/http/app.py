@@ -28,7 +28,7 @@ from werkzeug.exceptions import (
 from genrm_trio import __version__
 from genrm_trio.config import Config, config_from_mapping, config_warnings
 from genrm_trio.core import messages
-from genrm_trio.core.groups import Masked, Outcome, Scored
+from genrm_trio.core.outcomes import Masked, Outcome, Scored
 from genrm_trio.http.asgi import (
     ALLOW_POST,
     JSON,
@@ -48,6 +48,7 @@ from genrm_trio.http.prometheus import (
     render_metrics,
 )
 from genrm_trio.http.receiving import BodyReceiver, Refused
+from genrm_trio.http.request_counts import RequestCounts
 from genrm_trio.http.spool import Spool, SpoolBudget
 from genrm_trio.http.verify_route import VerifyRoute
 from genrm_trio.http.whole_groups import (
@@ -62,7 +63,7 @@ from genrm_trio.judge.transport import TransportFactory
 from genrm_trio.runtime.compare import CompareUnavailable, run_compare
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.runtime.stores import build_engine
+from genrm_trio.store.configured import configured_store
 from genrm_trio.wire.bodies import BadRequest
 from genrm_trio.wire.parsing import body_too_large, parse_compare_body
 from genrm_trio.wire.rendering import error_body, render_compare_reply, render_healthz
@@ -83,6 +84,7 @@ class GenRMApp(QuartTrio):
     """
 
     engine: Engine
+    metrics_collector: EngineCollector
     spool: Spool
     spool_budget: SpoolBudget
     body_receiver: BodyReceiver
@@ -143,7 +145,7 @@ def create_app(
     # waiting requests off long before the group's own deadlines.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
-    engine = build_engine(config, judge_transport=judge_transport, hooks=hooks)
+    engine = Engine(config, configured_store(config), judge_transport=judge_transport, hooks=hooks)
     app.engine = engine
     budget = SpoolBudget(config.waiting_body_memory_bytes)
     receiver = BodyReceiver(budget, config.max_body_bytes, app.config["BODY_TIMEOUT"])
@@ -153,12 +155,12 @@ def create_app(
     app.body_receiver = receiver
     openapi_bytes = openapi_json(__version__)
     metrics = engine.metrics
-    prometheus = metrics_registry(engine, spool, budget)
+    counts = RequestCounts()
+    collector = app.metrics_collector = EngineCollector(engine, spool, budget, counts)
+    prometheus = metrics_registry(collector)
     # One of `serve --workers N`'s workers: /metrics and /healthz speak for the whole server.
     worker = worker_settings(os.environ)
-    worker_metrics = (
-        None if worker is None else WorkerMetrics(worker, EngineCollector(engine, spool, budget))
-    )
+    worker_metrics = None if worker is None else WorkerMetrics(worker, collector)
     for warning in config_warnings(config):
         log.warning(warning)
 
@@ -187,7 +189,7 @@ def create_app(
         except RequestEntityTooLarge:
             raise BadRequest(413, body_too_large(config.max_body_bytes)) from None
 
-    app.verify_asgi = VerifyRoute(engine, receiver, spool, config)
+    app.verify_asgi = VerifyRoute(engine, receiver, spool, config, counts)
     internal_error = http_error_reply(InternalServerError(), config.max_body_bytes)
 
     @app.post("/compare")
@@ -226,7 +228,7 @@ def create_app(
     ) -> None:
         """`POST /verify_group`, straight from ASGI."""
         if engine.closed:
-            engine.verify_unanswered("unavailable")
+            counts.verify_answered("unavailable")
             await send_reply(send, 503, error_body(messages.SHUTTING_DOWN))
             return
         # A group's body stays in memory until the group is judged (it is not spooled: judging
@@ -236,14 +238,14 @@ def create_app(
             if received is None:
                 return  # the client left while sending
             if isinstance(received, Refused):
-                engine.verify_unanswered("invalid")
+                counts.verify_answered("invalid")
                 await send_reply(send, *refusal_reply(received, config.max_body_bytes))
                 return
             body = received.take_body()
             try:
                 group = parse_group_body(body, config)
             except BadRequest as exc:
-                engine.verify_unanswered("invalid")
+                counts.verify_answered("invalid")
                 await send_reply(send, exc.status, error_body(exc.detail))
                 return
             del body
@@ -256,7 +258,7 @@ def create_app(
                     outcomes = await run_members(engine, group.members)
                     nursery.cancel_scope.cancel()
             except Exception:
-                engine.verify_unanswered("error")
+                counts.verify_answered("error")
                 log.exception("Exception on request POST /verify_group")
                 await send_reply(send, *internal_error)
                 return
@@ -271,7 +273,7 @@ def create_app(
 
     app.group_asgi = group_asgi
 
-    register_gym_routes(app, read_body, engine.registry.masked_rollouts)
+    register_gym_routes(app, read_body, engine.tallies.masked_rollouts)
     register_openrlhf_route(app, read_body, engine, config)
 
     def health(status: str) -> bytes:

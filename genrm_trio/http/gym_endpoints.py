@@ -17,10 +17,10 @@ import msgspec
 from quart import Response
 from quart_trio import QuartTrio
 
-from genrm_trio.core.groups import RowsGroup, rows_group
 from genrm_trio.core.gym_metrics import ROLLOUT_KEY as ROLLOUT_INDEX_KEY
 from genrm_trio.core.gym_metrics import TASK_KEY as TASK_INDEX_KEY
 from genrm_trio.core.gym_metrics import gym_aggregate
+from genrm_trio.core.records import RowsGroup, rows_group
 from genrm_trio.core.run_metrics import RunMetrics, summarize_rows
 from genrm_trio.wire import json_scan
 from genrm_trio.wire.bodies import BadRequest, json_kind

@@ -26,7 +26,7 @@ from quart_trio import QuartTrio
 
 from genrm_trio.config import Config
 from genrm_trio.core import messages
-from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
+from genrm_trio.core.outcomes import Masked, Outcome, Rejected, Scored
 from genrm_trio.core.prompt_groups import Placement, PromptGroups
 from genrm_trio.http.whole_groups import first_rejection, run_members
 from genrm_trio.runtime.engine import Engine

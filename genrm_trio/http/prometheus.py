@@ -22,6 +22,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from genrm_trio.core.server_metrics import ATTEMPT_BUCKETS, Histogram
+from genrm_trio.http.request_counts import RequestCounts
 from genrm_trio.http.spool import Spool, SpoolBudget
 from genrm_trio.runtime.engine import Engine
 
@@ -94,22 +95,25 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 class EngineCollector(Collector):
     """Reads one server instance's numbers at scrape time."""
 
-    def __init__(self, engine: Engine, spool: Spool, budget: SpoolBudget) -> None:
+    def __init__(
+        self, engine: Engine, spool: Spool, budget: SpoolBudget, requests: RequestCounts
+    ) -> None:
         self.engine = engine
         self.spool = spool
         self.budget = budget
+        self.requests = requests
 
     def collect(self) -> Iterator[Metric]:
         engine = self.engine
         metrics = engine.metrics
         judge = engine.judge
         config = engine.config
-        registry = engine.registry
+        tallies = engine.tallies
         yield _counter(
             "genrm_verify_requests",
             "POST /verify requests answered, by outcome.",
             ("outcome",),
-            _by_one(metrics.verify_requests, VERIFY_OUTCOMES),
+            _by_one(_summed(metrics.verify_requests, self.requests.verify), VERIFY_OUTCOMES),
         )
         yield _counter(
             "genrm_compare_requests",
@@ -191,10 +195,10 @@ class EngineCollector(Collector):
         yield _gauge(
             "genrm_group_evaluations_running",
             "Groups this process is judging now.",
-            engine.evaluations_running,
+            engine.evaluations_running(),
         )
         finished = dict.fromkeys(DISPOSITIONS, 0)
-        finished.update(registry.finished)
+        finished.update(tallies.finished)
         yield _counter(
             "genrm_groups_finished",
             "Groups that reached a terminal state, by disposition and failure kind.",
@@ -204,7 +208,7 @@ class EngineCollector(Collector):
         yield CounterMetricFamily(
             "genrm_rollouts_masked",
             "Rollouts answered masked at their group's end (partial masking or a judge failure).",
-            value=registry.rollouts_masked,
+            value=tallies.rollouts_masked,
         )
         yield _plain_histogram(
             "genrm_group_collection_seconds",
@@ -258,10 +262,12 @@ class EngineCollector(Collector):
             "Retained entries pruned, by index and reason.",
             ("index", "reason"),
             {
-                ("results", "ttl"): registry.terminal_index.expired,
-                ("results", "count"): registry.terminal_index.evicted,
-                ("watermarks", "ttl"): registry.idle_order.expired,
-                ("watermarks", "count"): registry.idle_order.evicted,
+                **{
+                    (index, reason): 0
+                    for index in ("results", "watermarks")
+                    for reason in ("ttl", "count")
+                },
+                **engine.store.evictions(),
             },
         )
         yield CounterMetricFamily(
@@ -302,11 +308,19 @@ class EngineCollector(Collector):
         yield ejections
 
 
-def metrics_registry(engine: Engine, spool: Spool, budget: SpoolBudget) -> CollectorRegistry:
+def metrics_registry(collector: EngineCollector) -> CollectorRegistry:
     """A registry of its own for one app (the library's global one is shared by the process)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(engine, spool, budget))
+    registry.register(collector)
     return registry
+
+
+def _summed(*counts: dict[str, int]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for each in counts:
+        for key, value in each.items():
+            total[key] = total.get(key, 0) + value
+    return total
 
 
 def render_metrics(registry: CollectorRegistry) -> bytes:

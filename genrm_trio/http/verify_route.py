@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from contextlib import AsyncExitStack
 from typing import Final, cast
 
 import trio
@@ -19,7 +20,7 @@ from werkzeug.exceptions import InternalServerError
 from genrm_trio.config import Config
 from genrm_trio.core import messages
 from genrm_trio.core.canonical import fingerprint_json
-from genrm_trio.core.groups import Masked, Outcome, Scored
+from genrm_trio.core.outcomes import Masked, Outcome, Scored
 from genrm_trio.http.asgi import (
     cancel_on_disconnect,
     http_error_reply,
@@ -28,8 +29,9 @@ from genrm_trio.http.asgi import (
     send_reply,
 )
 from genrm_trio.http.receiving import BodyReceiver, Refused
+from genrm_trio.http.request_counts import RequestCounts
 from genrm_trio.http.spool import Spool, SpoolError, SpoolFile, spool_failed
-from genrm_trio.runtime.engine import Engine, Verified
+from genrm_trio.runtime.engine import Engine
 from genrm_trio.wire.bodies import BadRequest, EchoValue, FileSpan, VerifyRequest
 from genrm_trio.wire.parsing import parse_verify_body
 from genrm_trio.wire.rendering import (
@@ -46,12 +48,18 @@ _SHUTTING_DOWN: Final = error_body(messages.SHUTTING_DOWN)
 
 class VerifyRoute:
     """`POST /verify` of one server. The engine counts every request it answers; this route
-    reports to it the ones it answers itself (refused, invalid, unspoolable, a defect)."""
+    counts the ones it answers itself (refused, invalid, unspoolable, a defect)."""
 
     def __init__(
-        self, engine: Engine, receiver: BodyReceiver, spool: Spool, config: Config
+        self,
+        engine: Engine,
+        receiver: BodyReceiver,
+        spool: Spool,
+        config: Config,
+        counts: RequestCounts,
     ) -> None:
         self.engine = engine
+        self.counts = counts
         self.receiver = receiver
         self.spool = spool
         self.config = config
@@ -121,15 +129,18 @@ class VerifyRoute:
     ) -> None:
         """Hand the request to the engine, render its row and send it."""
         file, fingerprints = (None, None) if spooled is None else spooled
-        verified: Verified | None = None
         reply: tuple[int, list[EchoValue]] | None = None
-        try:
+        # The engine's block is left once the reply is out: keeping the member's fingerprint
+        # for replays (C-34) then does not delay it.
+        async with AsyncExitStack() as answered:
             try:
                 # A client that leaves while its group is still collecting or judging cancels
                 # only its own wait (C-51), as it does through Quart.
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(cancel_on_disconnect, receive, nursery.cancel_scope)
-                    verified = await self.engine.verify(parsed, fingerprints=fingerprints)
+                    verified = await answered.enter_async_context(
+                        self.engine.verify(parsed, fingerprints=fingerprints)
+                    )
                     reply = _row(parsed, verified.outcome)
                     nursery.cancel_scope.cancel()
             except Exception:
@@ -138,10 +149,6 @@ class VerifyRoute:
             if reply is None:
                 return  # the client left while its group was collecting or judging
             await self._send(send, *reply, file)
-        finally:
-            # After the reply, so that keeping the member's fingerprint does not delay it.
-            if verified is not None:
-                verified.reply_sent()
 
     async def _send(
         self, send: ASGISendCallable, status: int, parts: list[EchoValue], file: SpoolFile | None
@@ -158,14 +165,14 @@ class VerifyRoute:
             await send_reply(send, 503, error_body(detail))
 
     async def _refuse(self, send: ASGISendCallable, label: str, status: int, body: bytes) -> None:
-        """Answer a request the engine gave no outcome for; the engine counts it by ``label``."""
-        self.engine.verify_unanswered(label)
+        """Answer a request the engine gave no outcome for, counted by ``label``."""
+        self.counts.verify_answered(label)
         await send_reply(send, status, body)
 
     def _defect(self) -> tuple[int, bytes]:
         """The 500 for a bug while reading or answering a request, counted and logged with its
         traceback; called from the ``except`` block that caught it."""
-        self.engine.verify_unanswered("error")
+        self.counts.verify_answered("error")
         log.exception("Exception on request POST /verify")
         return self._internal_error
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Annotated, Final, Literal
 
@@ -21,8 +22,8 @@ import trio
 from msgspec import UNSET, Meta, UnsetType
 
 from genrm_trio.config import Config
-from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
-from genrm_trio.runtime.engine import Engine, Verified
+from genrm_trio.core.outcomes import Masked, Outcome, Rejected, Scored
+from genrm_trio.runtime.engine import Engine
 from genrm_trio.wire import json_scan
 from genrm_trio.wire.bodies import INT64_MAX, BadRequest, VerifyRequest
 from genrm_trio.wire.parsing import parse_verify_body, split_members
@@ -179,23 +180,17 @@ async def run_members(engine: Engine, members: Sequence[VerifyRequest]) -> list[
     the result are None.
     """
     outcomes: list[Outcome | None] = [None] * len(members)
-    answered: list[Verified] = []
-    try:
-        async with trio.open_nursery() as nursery:
+    # Left once every member is answered: keeping their fingerprints (C-34) holds up no answer.
+    async with AsyncExitStack() as answered, trio.open_nursery() as nursery:
 
-            async def one(slot: int, member: VerifyRequest) -> None:
-                verified = await engine.verify(member)
-                answered.append(verified)
-                outcomes[slot] = verified.outcome
-                if isinstance(verified.outcome, Rejected):
-                    nursery.cancel_scope.cancel()
+        async def one(slot: int, member: VerifyRequest) -> None:
+            verified = await answered.enter_async_context(engine.verify(member))
+            outcomes[slot] = verified.outcome
+            if isinstance(verified.outcome, Rejected):
+                nursery.cancel_scope.cancel()
 
-            for slot, member in enumerate(members):
-                nursery.start_soon(one, slot, member)
-    finally:
-        # Once every member is answered: keeping their fingerprints (C-34) holds up no answer.
-        for verified in answered:
-            verified.reply_sent()
+        for slot, member in enumerate(members):
+            nursery.start_soon(one, slot, member)
     return outcomes
 
 

@@ -1,55 +1,39 @@
 """Where a server's groups live: the interface the engine runs every transition through.
 
-A group store applies one of the core's transitions to one group atomically and reports what
-changed for this process to act on (a group that started collecting here, comparisons ready to
-judge, an evaluation this process now owns, a group that ended, one offered to another process).
-The engine owns everything that waits (requests, evaluations, leases, sweeps); the store owns
-where the state is and how a transition is made atomic. Two stores exist: this process's memory
-(store/memory_store.py) and a Redis/Valkey database shared by several processes
-(store/redis_store.py). What differs between them for the engine is said by the properties
-below, never by the store's type.
+A group store holds groups and applies the one transition of the core (core/transition.py) to
+one group atomically, returning its ``Decision``. The engine owns everything that waits
+(requests, evaluations, their deadlines) and acts on decisions alike whatever the store. What
+only a store shared by several processes needs (notifications of groups ended elsewhere,
+sweeps for deadlines and expired leases, take-over, offers, the deployment's judge budget)
+sits behind the ``Watcher`` the store supplies; the memory store's does nothing.
+
+Two stores exist: this process's memory (store/memory_store.py) and a Redis/Valkey database
+shared by several processes (store/redis_store.py, store/redis_watcher.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Protocol
 
-from genrm_trio.core.groups import Effect, GroupCounts, GroupRegistry, Record, Statistics
-from genrm_trio.core.pairs import Comparison
+import trio
 
-T = TypeVar("T")
+from genrm_trio.core.outcomes import Ended
+from genrm_trio.core.ownership import Tenure
+from genrm_trio.core.statistics import GroupCounts, Statistics
+from genrm_trio.core.transition import Decision, Event
+from genrm_trio.judge.slots import JudgeSlots
 
-
-@dataclass(slots=True)
-class Transaction(Generic[T]):
-    """One attempt at a transition: the group's state filed in a registry, and what changed."""
-
-    registry: GroupRegistry
-    now: float  # the store's clock
-    loaded: Record | None  # the group's record as the transition found it
-    logs: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
-    claimed: Record | None = None  # a record whose evaluation this transaction claimed
-    finished: Record | None = None  # a record this transaction ended
-    result: T | None = None
-    # Set by the step: a record this transaction fills is offered to the other processes
-    # instead of claimed, and this is the offering process's load (its evaluations running).
-    hand_over: int | None = None
-    offered: Record | None = None  # the record this transaction offered
-    # The core's effects of an arrival, handed in by the step: a store whose groups collect in
-    # this process turns them into ``started`` and ``comparisons``.
-    effects: list[Effect] = field(default_factory=list)
-    started: Record | None = None  # a record that began collecting in this process
-    comparisons: list[tuple[Record, list[Comparison]]] = field(default_factory=list)
-
-    def claim(self, record: Record, lease_s: float) -> None:
-        """Take the record's evaluation: a new fencing token and a lease from now."""
-        meta = record.meta
-        assert meta is not None
-        meta.fence += 1
-        meta.lease_until = self.now + lease_s
-        self.claimed = record
+__all__ = [
+    "BeforeCommit",
+    "GroupStore",
+    "NoWatcher",
+    "StoreFailed",
+    "Watched",
+    "Watcher",
+    "group_ref",
+    "split_ref",
+]
 
 
 def group_ref(group_id: str | None, legacy_key: str | None) -> str:
@@ -57,24 +41,14 @@ def group_ref(group_id: str | None, legacy_key: str | None) -> str:
     return f"e:{group_id}" if group_id is not None else f"l:{legacy_key}"
 
 
-def record_ref(record: Record) -> str:
-    return group_ref(record.group_id, record.legacy_key or record.key)
-
-
 def split_ref(ref: str) -> tuple[str | None, str | None]:
     """(group id, legacy key) of a ``group_ref``: one of them is None."""
     return (ref[2:], None) if ref.startswith("e:") else (None, ref[2:])
 
 
-def find_record(registry: GroupRegistry, ref: str) -> Record | None:
-    """The record ``ref`` names in ``registry``, if it holds one."""
-    name = ref[2:]
-    return registry.explicit.get(name) if ref.startswith("e:") else registry.legacy.get(name)
-
-
-# Runs once a transaction's step has run and before its result is stored; may return an undo
-# for when the result is not stored after all.
-BeforeCommit = Callable[[Transaction[Any]], Callable[[], None] | None]
+# Runs once a transition has been made and before it is stored; may return an undo for when it
+# is not stored after all.
+BeforeCommit = Callable[[Decision], Callable[[], None] | None]
 
 
 class StoreFailed(Exception):
@@ -84,60 +58,117 @@ class StoreFailed(Exception):
         super().__init__(f"GenRM group store {address} is unavailable: {cause}")
 
 
+class Watched(Protocol):
+    """What a store's watcher may ask of the engine it serves."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def watched_records(self) -> list[str]:
+        """The records this process waits on or evaluates: their end concerns it."""
+        ...
+
+    def evaluations_running(self) -> int: ...
+
+    def act(self, decision: Decision) -> None:
+        """Run what a stored transition asks of this process."""
+
+    def ended_elsewhere(self, ended: Ended) -> None:
+        """A record ended in a transition this process did not make (or whose reply it
+        missed): answer its waiters here, stop its evaluation here."""
+
+    def notification_copies(self, rid: str) -> int:
+        """How many times to handle a notification of the end of ``rid`` (1; a test hook may
+        lose or duplicate it)."""
+        ...
+
+
+class Watcher(Protocol):
+    """What a store does beside transitions, for one engine."""
+
+    # Where judge attempts wait for a slot, when the store shares one judge budget among its
+    # processes; None: this process's own slots.
+    judge_slots: JudgeSlots | None
+
+    @property
+    def subscribed(self) -> bool:
+        """Notifications of groups ended elsewhere reach this process right now."""
+        ...
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Follow the other processes until cancelled (with the engine)."""
+
+    def hand_over(self) -> int | None:
+        """The load at which a group this process fills is offered to a process judging fewer
+        groups; None: the process claims it."""
+        ...
+
+    def offered(self, ref: str) -> None:
+        """This process offered ``ref``: claim it back if nobody else does in time."""
+
+    async def sweep_once(self) -> None:
+        """Look once for ended records, collection deadlines and expired leases."""
+
+    async def close(self) -> None:
+        """The process stops: give back what it holds of the deployment (bounded by the
+        caller)."""
+
+
+class NoWatcher:
+    """The watcher of a store that no other process shares: nothing to follow."""
+
+    judge_slots: JudgeSlots | None = None
+    subscribed = True
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+
+    def hand_over(self) -> int | None:
+        return None
+
+    def offered(self, ref: str) -> None:
+        raise AssertionError("a store no other process shares offers no group")
+
+    async def sweep_once(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
 class GroupStore(Protocol):
     """What the engine needs of a group store."""
 
     name: str  # for /healthz
     available: bool  # it answered its last use
-    # The process's own tallies (groups it ended, rollouts it masked) and the transitions that
-    # need no stored state (a failed comparison's note); with the memory store, every group.
-    registry: GroupRegistry
+    retry_s: float  # how long a transition that found the store unreachable waits to retry
 
     @property
-    def shared(self) -> bool:
-        """Other processes serve the same groups: they outlive this process (shutdown and an
-        unexplained cancellation leave them to the others' sweeps), and their ends, deadlines
-        and leases are found by notifications and sweeps."""
-        ...
-
-    @property
-    def holds_waiters(self) -> bool:
-        """A waiting request stays in its record, which the core answers; otherwise the engine
-        keeps it by record id and answers it when the store reports the record's end."""
-        ...
-
-    @property
-    def batches_arrivals(self) -> bool:
-        """Arrivals of one group are applied together, one transaction per batch (each costs a
-        round trip; members of a group arrive within milliseconds)."""
-        ...
-
-    @property
-    def lease_s(self) -> float | None:
-        """How long a claimed evaluation stays this process's unless renewed; None: for good."""
+    def tenure(self) -> Tenure:
+        """How long a claim of an evaluation lasts here (core/ownership.py)."""
         ...
 
     async def transact(
-        self,
-        ref: str,
-        step: Callable[[Transaction[Any]], T],
-        *,
-        before_commit: BeforeCommit | None = None,
-    ) -> Transaction[T]:
-        """Run ``step`` (a core transition, synchronous) on the group ``ref`` atomically.
+        self, ref: str, event: Event, *, before_commit: BeforeCommit | None = None
+    ) -> Decision:
+        """Apply ``event`` to the group ``ref`` atomically and return the stored decision.
 
-        ``before_commit`` runs after the step and before the result is stored, and may return an
-        undo for a commit that does not apply. Raises StoreFailed if nothing could be applied.
+        ``before_commit`` runs after the transition and before it is stored, and may return an
+        undo for a commit that does not apply. Raises StoreFailed if nothing could be applied;
+        an exception the transition raises propagates, with nothing applied.
         """
         ...
 
-    def shut_down(self, now: float) -> list[Record]:
-        """This process stops serving groups: end those that die with it; returns them."""
+    def watcher(self, engine: Watched) -> Watcher: ...
+
+    def shut_down(self, now: float) -> list[Decision]:
+        """This process stops serving groups: end those that die with it."""
         ...
 
-    def evaluation_cancelled(self, record: Record, now: float) -> None:
-        """This process's evaluation of ``record`` was cancelled for no reason the store
-        recorded: end the group if nobody else can."""
+    def evaluation_cancelled(self, ref: str, rid: str) -> Decision | None:
+        """This process's evaluation of ``rid`` was cancelled for no reason the record holds;
+        synchronous (it runs as the evaluation unwinds). A decision to act on, if any."""
+        ...
 
     def statistics(self, local: Statistics) -> Statistics:
         """The statistics of I-21: ``local`` is this process's own share (waiters and
@@ -150,6 +181,10 @@ class GroupStore(Protocol):
 
     def health(self, evaluating_here: int) -> Mapping[str, int]:
         """The group fields of /healthz."""
+        ...
+
+    def evictions(self) -> Mapping[tuple[str, str], int]:
+        """Retained results and watermarks this process pruned, by (what, why)."""
         ...
 
     async def refresh_counts(self) -> None:

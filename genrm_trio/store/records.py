@@ -1,32 +1,39 @@
-"""How group records, watermarks and their store bookkeeping are written to a shared store.
+"""How group records, watermarks and ended records are written to a shared store.
 
 A record is the core's ``Record`` as msgpack: fingerprints (the raw-bytes digest and the
 canonical fingerprint of C-21), compact scoring texts while active, per-slot outcomes (a masked
-slot's with its reward placeholder), the failure, and the store's own fields (``StoreMeta``:
-the record's id, the evaluation lease and its fencing token, the deadlines in the store's
-clock). Waiters and bodies are never written: they stay in the process that holds the request.
-The comparison plan is not written either; it follows from the configuration and the group's
-inputs.
+slot's with its reward placeholder), the failure, its id, the evaluation's fencing token and
+lease, and its deadlines in the store's clock. Waiters and bodies are never written: they stay
+in the process that holds the request. The comparison plan is not written either; it follows
+from the configuration and the group's inputs. An ended record is written apart for the waiters
+of other processes (``encode_ended``): only each slot's answer.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from genrm_trio.core.groups import (
+from genrm_trio.core.identity import ResponseIdentity
+from genrm_trio.core.outcomes import Ended, Masked, Rejected, Scored
+from genrm_trio.core.records import (
     Failure,
     FailureKind,
     GroupInputs,
-    Masked,
     Member,
     MemberTexts,
     Phase,
     Record,
-    Scored,
-    StoreMeta,
     Watermark,
 )
-from genrm_trio.core.identity import ResponseIdentity
+
+__all__ = [
+    "decode_ended",
+    "decode_record",
+    "decode_watermark",
+    "encode_ended",
+    "encode_record",
+    "encode_watermark",
+]
 
 
 class _Outcome(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -77,6 +84,15 @@ class _Record(msgspec.Struct, array_like=True, omit_defaults=True):
     metrics: dict[str, float] | None = None
 
 
+class _Ended(msgspec.Struct, array_like=True, omit_defaults=True):
+    rid: str
+    outcomes: dict[int, _Outcome] = {}
+    metrics: dict[str, float] | None = None
+    # A failed record's one answer: a masked row, or a rejection with this status.
+    failure: _Outcome | None = None
+    failure_status: int = 0
+
+
 class _Watermark(msgspec.Struct, array_like=True):
     attempt: int
     digest: str
@@ -86,6 +102,7 @@ class _Watermark(msgspec.Struct, array_like=True):
 _encoder = msgspec.msgpack.Encoder()
 _record_decoder = msgspec.msgpack.Decoder(_Record)
 _watermark_decoder = msgspec.msgpack.Decoder(_Watermark)
+_ended_decoder = msgspec.msgpack.Decoder(_Ended)
 
 
 def _fingerprints(fingerprint: bytes | ResponseIdentity) -> tuple[bytes | None, bytes]:
@@ -113,8 +130,6 @@ def _decode_outcome(
 
 
 def encode_record(record: Record) -> bytes:
-    meta = record.meta
-    assert meta is not None, "a stored record carries its StoreMeta"
     members = []
     metrics: dict[str, float] | None = None
     for slot in sorted(record.members):
@@ -127,7 +142,7 @@ def encode_record(record: Record) -> bytes:
     inputs = record.inputs
     return _encoder.encode(
         _Record(
-            rid=meta.rid,
+            rid=record.rid,
             key=record.key,
             group_id=record.group_id,
             attempt=record.attempt,
@@ -136,16 +151,16 @@ def encode_record(record: Record) -> bytes:
             size=record.size,
             started_at=record.started_at,
             phase=record.phase.value,
-            collection_due=meta.collection_due,
+            collection_due=record.collection_due,
             members=members,
             inputs=_Inputs(*inputs) if inputs is not None else None,
             failure_kind=record.failure.kind.value if record.failure else None,
             failure_text=record.failure.text if record.failure else None,
             terminal_time=record.terminal_time,
             legacy_resend=record.legacy_resend,
-            fence=meta.fence,
-            lease_until=meta.lease_until,
-            evaluation_due=meta.evaluation_due,
+            fence=record.fence,
+            lease_until=record.lease_until,
+            evaluation_due=record.evaluation_due,
             metrics=metrics,
         )
     )
@@ -153,23 +168,26 @@ def encode_record(record: Record) -> bytes:
 
 def decode_record(data: bytes) -> Record:
     stored = _record_decoder.decode(data)
-    # The fields in the order Record declares them.
     record = Record(
-        stored.key,
-        stored.group_id,
-        stored.attempt,
-        stored.digest,
-        stored.legacy_key,
-        stored.size,
-        stored.started_at,
-        Phase(stored.phase),
+        rid=stored.rid,
+        key=stored.key,
+        group_id=stored.group_id,
+        attempt=stored.attempt,
+        digest=stored.digest,
+        legacy_key=stored.legacy_key,
+        size=stored.size,
+        started_at=stored.started_at,
+        collection_due=stored.collection_due,
+        phase=Phase(stored.phase),
+        fence=stored.fence,
+        lease_until=stored.lease_until,
+        evaluation_due=stored.evaluation_due,
     )
     for member in stored.members:
         record.members[member.slot] = Member(
             member.slot,
             ResponseIdentity.settled_from(member.digest, member.canonical),
             MemberTexts(*member.texts) if member.texts is not None else None,
-            [],
             _decode_outcome(member.outcome, stored.metrics),
         )
     if stored.inputs is not None:
@@ -179,14 +197,43 @@ def decode_record(data: bytes) -> Record:
         record.failure = Failure(FailureKind(stored.failure_kind), stored.failure_text or "")
     record.terminal_time = stored.terminal_time
     record.legacy_resend = stored.legacy_resend
-    record.meta = StoreMeta(
-        stored.rid,
-        stored.collection_due,
-        stored.fence,
-        stored.lease_until,
-        stored.evaluation_due,
-    )
     return record
+
+
+def encode_ended(ended: Ended) -> bytes:
+    failure = ended.failure
+    metrics: dict[str, float] | None = None
+    outcomes: dict[int, _Outcome] = {}
+    for slot, outcome in ended.outcomes.items():
+        if isinstance(outcome, Scored) and outcome.metrics is not None:
+            metrics = dict(outcome.metrics)
+        stored = _encode_outcome(outcome)
+        assert stored is not None
+        outcomes[slot] = stored
+    if isinstance(failure, Rejected):
+        stored_failure = _Outcome(False, text=failure.detail)
+        return _encoder.encode(
+            _Ended(ended.rid, failure=stored_failure, failure_status=failure.status)
+        )
+    return _encoder.encode(
+        _Ended(ended.rid, outcomes, metrics, _encode_outcome(failure) if failure else None)
+    )
+
+
+def decode_ended(data: bytes) -> Ended:
+    stored = _ended_decoder.decode(data)
+    failure: Scored | Masked | Rejected | None = None
+    if stored.failure is not None:
+        if stored.failure_status:
+            failure = Rejected(stored.failure_status, stored.failure.text)
+        else:
+            failure = _decode_outcome(stored.failure, None)
+    outcomes: dict[int, Scored | Masked] = {}
+    for slot, outcome in stored.outcomes.items():
+        decoded = _decode_outcome(outcome, stored.metrics)
+        assert decoded is not None
+        outcomes[slot] = decoded
+    return Ended(stored.rid, outcomes, failure)
 
 
 def encode_watermark(mark: Watermark, idle_since: float | None) -> bytes:

@@ -1,12 +1,14 @@
 """The Redis/Valkey group store: each transition of the core, applied atomically to one group.
 
-A transaction loads one group's state (its record, its watermark, the legacy completion stamp)
-under WATCH, files it in a fresh ``GroupRegistry`` (``adopt``), runs the core's own transition on
-it, and writes back what changed in one MULTI/EXEC: the record, the watermark, the retention
-sorted sets, the deadline and lease sets, and for a record that just finished, its outcome key
-and a notification. If another process changed the group in between, EXEC does nothing and the
-transaction runs again on the new state. The rules of §5 therefore live only in
-``core/groups.py``; this module knows keys, clocks and retention bookkeeping.
+A transaction loads one group (its record, its watermark, the legacy completion stamp) under
+WATCH, runs the core's one transition on it (core/transition.py), and writes back what changed
+in one MULTI/EXEC: the record, the watermark, the retention sorted sets, the deadline and lease
+sets, and for a record that ended, its answers under an outcome key and a notification. If
+another process changed the group in between, EXEC does nothing and the transaction runs again
+on the new state. The rules of §5 therefore live only in the core; this module knows keys,
+clocks and retention bookkeeping. What the other processes' work asks of this one (ended
+records, sweeps, take-over, offers, the judge budget) is the store's watcher
+(store/redis_watcher.py).
 
 Every time is the store's clock (``TIME``), so deadlines written by one process mean the same
 to every other. A test harness may give the store a clock of its own (``clock``): every time it
@@ -15,34 +17,31 @@ stores, and every deadline it looks up, then comes from that clock instead.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import trio
 
 from genrm_trio.config import Config
-from genrm_trio.core.critical import critical_section
-from genrm_trio.core.groups import GroupCounts, GroupRegistry, Phase, Record, Statistics
-from genrm_trio.store.group_store import (
-    BeforeCommit,
-    StoreFailed,
-    Transaction,
-    find_record,
-    group_ref,
-    record_ref,
-    split_ref,
-)
+from genrm_trio.core.invariants import check_group
+from genrm_trio.core.outcomes import Ended
+from genrm_trio.core.ownership import Tenure
+from genrm_trio.core.records import Phase
+from genrm_trio.core.statistics import GroupCounts, Statistics
+from genrm_trio.core.transition import Decision, Event, Group, Rules, plan_for, transition
+from genrm_trio.store.group_store import BeforeCommit, StoreFailed, Watched, Watcher, split_ref
 from genrm_trio.store.records import (
-    StoreMeta,
+    decode_ended,
     decode_record,
     decode_watermark,
+    encode_ended,
     encode_record,
     encode_watermark,
 )
+from genrm_trio.store.redis_watcher import RedisWatcher
 from genrm_trio.store.resp import (
     DEFAULT_MAX_CONNECTIONS,
     Arg,
@@ -52,6 +51,7 @@ from genrm_trio.store.resp import (
     StoreAddress,
     StoreUnavailable,
 )
+from genrm_trio.store.scripts import Script
 
 log = logging.getLogger("genrm_trio")
 
@@ -60,13 +60,8 @@ __all__ = [
     "Script",
     "StoreContended",
     "StoreFailed",
-    "Transaction",
     "check_store_invariants",
-    "group_ref",
-    "record_ref",
 ]
-
-T = TypeVar("T")
 
 # How long a finished record's outcome stays readable by waiters in other processes, apart
 # from retention: long enough for a waiter that missed its notification to poll it.
@@ -133,32 +128,12 @@ class StoreContended(StoreFailed):
         )
 
 
-class Script:
-    """A Lua script run by EVALSHA; loaded again when the server answers NOSCRIPT (a restart,
-    SCRIPT FLUSH)."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.sha = hashlib.sha1(text.encode()).hexdigest()
-
-    def command(self, keys: list[Arg], args: list[Arg]) -> list[Arg]:
-        return ["EVALSHA", self.sha, len(keys), *keys, *args]
-
-    @staticmethod
-    def missing(reply: Any) -> bool:
-        return isinstance(reply, ServerError) and str(reply).startswith("NOSCRIPT")
-
-
 _TRIM_SCRIPT = Script(_TRIM)
 _DUE_SCRIPT = Script(_DUE)
 
 
 class RedisGroupStore:
     """Groups of one deployment (one key prefix) in one Redis/Valkey database."""
-
-    shared = True
-    holds_waiters = False  # a stored record has no waiters: they stay with their requests
-    batches_arrivals = True
 
     def __init__(
         self,
@@ -168,14 +143,23 @@ class RedisGroupStore:
         lease_s: float,
         *,
         clock: Callable[[], float] | None = None,
+        poll_s: float = 1.0,
+        notifications: bool = True,
     ) -> None:
         self.config = config
+        self.rules = Rules(config, Tenure(lease_s))
         # None: the store's own clock (TIME). A harness on a mock clock passes its own.
         self.clock = clock
         self.address = address
         self.name = address.public()
         self.prefix = prefix
         self.lease_s = lease_s
+        # How often the watcher sweeps (and the judge budget is renewed at the latest), and how
+        # long a transition that found the store unreachable waits before it tries again.
+        self.poll_s = self.retry_s = poll_s
+        # Whether the watcher follows the store's notifications (else its sweeps find
+        # everything).
+        self.notifications = notifications
         # Idle connections kept up to the cap: a burst that lent them all out does not close
         # and reopen them as its transactions come and go.
         self.client = Client(address, max_idle=DEFAULT_MAX_CONNECTIONS)
@@ -194,12 +178,13 @@ class RedisGroupStore:
         self.jitter = random.Random()  # a harness seeds it for repeatable runs
         self.available = True
         self.last_error: str | None = None
-        # This process's tallies of the groups its transactions ended, for /metrics and
-        # /aggregate_metrics (each process counts the ones it ended).
-        self.registry = GroupRegistry(config, log=log.log)
         self.last_counts: GroupCounts | None = None  # the deployment's, as last read
         self.counted = False  # the last attempt to read them succeeded
         self.processes = 0  # processes following the outcomes channel, as last read
+
+    @property
+    def tenure(self) -> Tenure:
+        return self.rules.tenure
 
     # ---- keys ------------------------------------------------------------------------------
 
@@ -242,16 +227,12 @@ class RedisGroupStore:
     # ---- transactions ----------------------------------------------------------------------
 
     async def transact(
-        self,
-        ref: str,
-        step: Callable[[Transaction[Any]], T],
-        *,
-        before_commit: BeforeCommit | None = None,
-    ) -> Transaction[T]:
-        """Run ``step`` (a core transition, synchronous) on the group ``ref`` until it commits.
+        self, ref: str, event: Event, *, before_commit: BeforeCommit | None = None
+    ) -> Decision:
+        """Apply ``event`` to the group ``ref`` until it commits.
 
-        ``before_commit`` runs after the step, before EXEC is sent, and may return an undo that
-        runs if the EXEC does not apply (a conflict, or the store failing).
+        ``before_commit`` runs after the transition, before EXEC is sent, and may return an
+        undo that runs if the EXEC does not apply (a conflict, or the store failing).
         """
         group_id, legacy_key = split_ref(ref)
         watched = [self.record_key(ref)]
@@ -289,13 +270,11 @@ class RedisGroupStore:
                     else:
                         now = self.clock()
                     try:
-                        tx, writes = self._run_step(
-                            ref, group_id, legacy_key, replies[1], replies[2], now, step
-                        )
+                        decision, writes = self._run(ref, replies[1], replies[2], now, event)
                     except BaseException:
                         connection.broken = True  # still WATCHing: never hand it on
                         raise
-                    undo = before_commit(tx) if before_commit is not None else None
+                    undo = before_commit(decision) if before_commit is not None else None
                     # Even a transition that writes nothing (a duplicate attaching a local
                     # waiter, a replay) commits through EXEC: it tells whether the group stayed
                     # as read, so a waiter is never registered on a state already gone.
@@ -317,10 +296,8 @@ class RedisGroupStore:
                         for reply in outcome:
                             if isinstance(reply, ServerError):
                                 raise reply
-                        self._emit(tx)
-                        self._tally(tx)
                         self._reached()
-                        return tx
+                        return decision
                     if undo is not None:
                         undo()
                     self.conflicts += 1
@@ -342,117 +319,80 @@ class RedisGroupStore:
             if isinstance(reply, ServerError):
                 raise reply
 
-    def _run_step(
-        self,
-        ref: str,
-        group_id: str | None,
-        legacy_key: str | None,
-        record_data: bytes | None,
-        second: Any,
-        now: float,
-        step: Callable[[Transaction[Any]], Any],
-    ) -> tuple[Transaction[Any], list[list[Arg]]]:
-        """Load, transition and diff, in one critical section: no checkpoint in between."""
-        with critical_section():
-            logs: list[tuple[int, str, dict[str, Any]]] = []
-            registry = GroupRegistry(
-                self.config, log=lambda level, text, **fields: logs.append((level, text, fields))
-            )
-            loaded = decode_record(record_data) if record_data is not None else None
-            if loaded is not None and loaded.phase.active and loaded.inputs is not None:
-                loaded.plan = registry.plan_for(loaded.inputs)
-            watermark_before: bytes | None = None
-            legacy_before: float | None = None
-            if group_id is not None:
-                watermark_before = second
-                mark = decode_watermark(second) if second is not None else None
-                registry.adopt(loaded, (group_id, *mark) if mark is not None else None)
-            else:
-                legacy_before = float(second) if second is not None else None
-                done = (legacy_key or "", legacy_before) if legacy_before is not None else None
-                registry.adopt(loaded, None, done)
-            was_active = loaded is not None and loaded.phase.active
-            tx: Transaction[Any] = Transaction(registry, now, loaded, logs)
-            tx.result = step(tx)
-            if was_active and loaded is not None and not loaded.phase.active:
-                tx.finished = loaded
-            return tx, self._writes(
-                tx, ref, group_id, legacy_key, record_data, watermark_before, legacy_before
-            )
+    def _run(
+        self, ref: str, record_data: bytes | None, second: Any, now: float, event: Event
+    ) -> tuple[Decision, list[list[Arg]]]:
+        """Load, transition and diff, with no checkpoint in between."""
+        group = self.load(ref, record_data, second)
+        watermark_before = second if ref.startswith("e:") else None
+        completed_before = group.completed_at
+        decision = transition(group, event, now=now, rules=self.rules, rid=uuid.uuid4().hex)
+        writes = self._writes(group, decision, record_data, watermark_before, completed_before)
+        return decision, writes
+
+    def load(self, ref: str, record_data: bytes | None, second: Any) -> Group:
+        """One group as stored: its record, and its watermark or legacy completion stamp."""
+        record = decode_record(record_data) if record_data is not None else None
+        if record is not None and record.phase.active and record.inputs is not None:
+            record.plan = plan_for(self.config, record.size, record.inputs)
+        group = Group(ref, record)
+        if ref.startswith("e:"):
+            if second is not None:
+                group.watermark, group.idle_since = decode_watermark(second)
+        elif second is not None:
+            group.completed_at = float(second)
+        return group
 
     def _writes(
         self,
-        tx: Transaction[Any],
-        ref: str,
-        group_id: str | None,
-        legacy_key: str | None,
+        group: Group,
+        decision: Decision,
         record_before: bytes | None,
         watermark_before: bytes | None,
-        legacy_before: float | None,
+        completed_before: float | None,
     ) -> list[list[Arg]]:
-        registry = tx.registry
-        now = tx.now
+        ref = group.ref
+        group_id, legacy_key = split_ref(ref)
         ttl = self.config.cohort_result_ttl_s
         writes: list[list[Arg]] = []
-        record = find_record(registry, ref)
-        if record is not None and record.meta is None:
-            record.meta = StoreMeta(
-                uuid.uuid4().hex, record.started_at + self.config.cohort_collection_timeout_s
-            )
-        if record is not None:
-            meta = record.meta
-            assert meta is not None
-            if record.phase is Phase.EVALUATING and meta.lease_until is None:
-                # The move to evaluating and the claim of the evaluation are one transition.
-                meta.evaluation_due = now + self.config.cohort_evaluation_timeout_s
-                if tx.hand_over is None:
-                    tx.claim(record, self.lease_s)
-                else:
-                    # Offered: no owner yet (fencing token 0), a lease that has already run
-                    # out, so any process may claim it as it takes over an expired one.
-                    meta.lease_until = now
-                    tx.offered = record
-        finished = tx.finished
+        record = group.record
         record_after = encode_record(record) if record is not None else None
         key = self.record_key(ref)
-        if record_after != record_before or finished is not None:
+        if record_after != record_before or decision.finished:
             if record is None:
-                writes.append(["DEL", key])
+                writes += [
+                    ["DEL", key],
+                    ["ZREM", self._terminal, ref],
+                    ["ZREM", self.due_set, ref],
+                    ["ZREM", self.lease_set, ref],
+                    ["SREM", self.legacy_active, ref],
+                ]
             else:
                 assert record_after is not None
-                meta = record.meta
-                assert meta is not None
                 command: list[Arg] = ["SET", key, record_after]
                 terminal = record.terminal_time if not record.phase.active else None
                 if terminal is not None and ttl is not None:
                     command += ["PXAT", int((terminal + ttl) * 1000)]
                 writes.append(command)
-                if terminal is not None and id(record) in registry.terminal_index:
+                if terminal is not None:
                     writes.append(["ZADD", self._terminal, terminal, ref])
                 else:
                     writes.append(["ZREM", self._terminal, ref])
                 if record.phase is Phase.COLLECTING:
-                    writes.append(["ZADD", self.due_set, meta.collection_due, ref])
+                    writes.append(["ZADD", self.due_set, record.collection_due, ref])
                 else:
                     writes.append(["ZREM", self.due_set, ref])
-                if record.phase is Phase.EVALUATING and meta.lease_until is not None:
-                    writes.append(["ZADD", self.lease_set, meta.lease_until, ref])
+                if record.phase is Phase.EVALUATING and record.lease_until is not None:
+                    writes.append(["ZADD", self.lease_set, record.lease_until, ref])
                 else:
                     writes.append(["ZREM", self.lease_set, ref])
                 if group_id is None:
                     writes.append(
                         ["SADD" if record.phase.active else "SREM", self.legacy_active, ref]
                     )
-            if record is None:
-                writes += [
-                    ["ZREM", self._terminal, ref],
-                    ["ZREM", self.due_set, ref],
-                    ["ZREM", self.lease_set, ref],
-                    ["SREM", self.legacy_active, ref],
-                ]
         if group_id is not None:
-            mark = registry.watermarks.get(group_id)
-            idle_since = registry.idle_order.stamped(group_id)
+            mark = group.watermark
+            idle_since = group.idle_since
             mark_after = encode_watermark(mark, idle_since) if mark is not None else None
             if mark_after != watermark_before:
                 wkey = self.watermark_key(group_id)
@@ -467,23 +407,27 @@ class RedisGroupStore:
                         writes.append(["ZADD", self._idle, idle_since, group_id])
                     else:
                         writes.append(["ZREM", self._idle, group_id])
-        else:
-            stamped = registry.completed_legacy.stamped(legacy_key or "")
-            if stamped != legacy_before:
-                if stamped is None:
-                    writes.append(["ZREM", self._legacy_done, legacy_key or ""])
-                else:
-                    writes.append(["ZADD", self._legacy_done, stamped, legacy_key or ""])
-        if tx.offered is not None:
-            writes.append(["PUBLISH", self.offers_channel, f"{tx.hand_over} {ref}"])
-        if finished is not None:
-            # Waiters in every process read the finished record here (it may be superseded,
-            # retired or evicted from its own key by then), after the EXEC that stored it.
-            meta = finished.meta
-            assert meta is not None
-            outcome_key = self.outcome_key(meta.rid)
-            writes.append(["SET", outcome_key, encode_record(finished), "EX", OUTCOME_KEY_TTL_S])
-            writes.append(["PUBLISH", self.channel, meta.rid])
+        elif group.completed_at != completed_before:
+            if group.completed_at is None:
+                writes.append(["ZREM", self._legacy_done, legacy_key or ""])
+            else:
+                writes.append(["ZADD", self._legacy_done, group.completed_at, legacy_key or ""])
+        if decision.offered is not None:
+            writes.append(["PUBLISH", self.offers_channel, f"{decision.offered} {ref}"])
+        for finished in decision.finished:
+            # Waiters in every process read the ended record's answers here (the record may be
+            # superseded, retired or evicted from its own key by then), after the EXEC.
+            rid = finished.ended.rid
+            writes.append(
+                [
+                    "SET",
+                    self.outcome_key(rid),
+                    encode_ended(finished.ended),
+                    "EX",
+                    OUTCOME_KEY_TTL_S,
+                ]
+            )
+            writes.append(["PUBLISH", self.channel, rid])
         return writes
 
     def _trim_command(self, now: float) -> list[Arg]:
@@ -494,34 +438,16 @@ class RedisGroupStore:
             [self.config.max_terminal_cohorts, cutoff, f"{self.prefix}r:", f"{self.prefix}w:"],
         )
 
-    @staticmethod
-    def _emit(tx: Transaction[Any]) -> None:
-        # Logged only once the transition is stored: a transaction run again logs once.
-        for level, text, fields in tx.logs:
-            log.log(level, text, **fields)
-
-    def _tally(self, tx: Transaction[Any]) -> None:
-        """Count what a stored transaction ended in this process's own registry."""
-        mine = self.registry
-        for key, count in tx.registry.finished.items():
-            mine.finished[key] = mine.finished.get(key, 0) + count
-        mine.rollouts_masked += tx.registry.rollouts_masked
-        for group, stamped, slots in tx.registry.masked_answers.items():
-            mine.masked_answers.stamp(group, slots, stamped)
-        mine.masked_answers.prune(
-            tx.now,
-            self.config.cohort_result_ttl_s,
-            self.config.max_terminal_cohorts,
-            lambda group, slots: None,
-        )
-
     # ---- what the engine leaves to the store -----------------------------------------------
 
-    def shut_down(self, now: float) -> list[Record]:
+    def watcher(self, engine: Watched) -> Watcher:
+        return RedisWatcher(self, engine)
+
+    def shut_down(self, now: float) -> list[Decision]:
         return []  # the groups stay for the other processes; an evaluation here is taken over
 
-    def evaluation_cancelled(self, record: Record, now: float) -> None:
-        pass  # its lease expires and another process takes it over
+    def evaluation_cancelled(self, ref: str, rid: str) -> Decision | None:
+        return None  # its lease expires and another process takes it over
 
     def statistics(self, local: Statistics) -> Statistics:
         return local  # the groups themselves are in the store
@@ -543,6 +469,9 @@ class RedisGroupStore:
             "watermarks": counts.watermarks,
         }
 
+    def evictions(self) -> Mapping[tuple[str, str], int]:
+        return {}  # Redis expires and trims them, uncounted
+
     async def refresh_counts(self) -> None:
         try:
             self.last_counts, self.processes = await self.counts()
@@ -556,12 +485,12 @@ class RedisGroupStore:
 
     # ---- reads -----------------------------------------------------------------------------
 
-    async def finished_records(self, rids: list[str]) -> dict[str, Record]:
-        """The finished records among ``rids`` (their outcome keys), by record id."""
+    async def ended_records(self, rids: list[str]) -> dict[str, Ended]:
+        """The ended records among ``rids`` (their outcome keys), by record id."""
         if not rids:
             return {}
         replies = await self.call("MGET", *[self.outcome_key(rid) for rid in rids])
-        return {rid: decode_record(data) for rid, data in zip(rids, replies, strict=True) if data}
+        return {rid: decode_ended(data) for rid, data in zip(rids, replies, strict=True) if data}
 
     async def run_script(self, script: Script, keys: list[Arg], args: list[Arg]) -> Any:
         """Run a script by EVALSHA; loaded first if the server does not know it."""
@@ -628,13 +557,13 @@ class RedisGroupStore:
         await self.client.aclose()
 
 
-async def check_store_invariants(store: RedisGroupStore, config: Config) -> GroupRegistry:
-    """Load every group of the store into one registry and check I-2..I-4 on it.
+async def check_store_invariants(store: RedisGroupStore) -> dict[str, Group]:
+    """Load every group of the store, check I-2..I-4 on each, and return them by ref.
 
     Also checks that the store's sorted sets name exactly the records and watermarks they stand
     for. For tests and operators; it reads every key under the prefix.
     """
-    registry = GroupRegistry(config)
+    config = store.config
     cursor = b"0"
     keys: list[bytes] = []
     while True:
@@ -642,14 +571,14 @@ async def check_store_invariants(store: RedisGroupStore, config: Config) -> Grou
         keys += batch
         if cursor == b"0":
             break
-    records: dict[str, Record] = {}
+    records: dict[str, bytes] = {}
     marks: dict[str, bytes] = {}
     for key in keys:
         name = key.decode()[len(store.prefix) :]
         if name.startswith("r:"):
             data = await store.call("GET", key)
             if data is not None:
-                records[name[2:]] = decode_record(data)
+                records[name[2:]] = data
         elif name.startswith("w:"):
             data = await store.call("GET", key)
             if data is not None:
@@ -663,29 +592,43 @@ async def check_store_invariants(store: RedisGroupStore, config: Config) -> Grou
     def expired(stamped: float | None) -> bool:
         return ttl is not None and stamped is not None and now - stamped >= ttl
 
-    for record in records.values():
-        if not expired(record.terminal_time):
-            registry.adopt(record)
+    groups: dict[str, Group] = {}
+    for ref, data in records.items():
+        group = store.load(ref, data, None)
+        assert group.record is not None
+        if expired(group.record.terminal_time):
+            group.record = None
+        groups[ref] = group
     for group_id, data in marks.items():
-        mark, idle_since = decode_watermark(data)
-        if not expired(idle_since):
-            registry.adopt(None, (group_id, mark, idle_since))
-    registry.check_invariants()
+        ref = f"e:{group_id}"
+        group = groups.setdefault(ref, Group(ref))
+        group.watermark, group.idle_since = decode_watermark(data)
+        if expired(group.idle_since):
+            group.watermark = group.idle_since = None
+    groups = {ref: group for ref, group in groups.items() if not group.empty}
+    for group in groups.values():
+        check_group(group)
 
     async def live(name: str) -> set[str]:
         flat = await store.call("ZRANGE", f"{store.prefix}{name}", 0, -1, "WITHSCORES")
         pairs = zip(flat[::2], flat[1::2], strict=True)
         return {m.decode() for m, score in pairs if ttl is None or now - float(score) < ttl}
 
-    expected = {ref for ref, r in records.items() if not r.phase.active}
-    expected = {ref for ref in expected if not expired(records[ref].terminal_time)}
+    retained = {
+        ref for ref, g in groups.items() if g.record is not None and not g.record.phase.active
+    }
     terminal = await live("terminal")
-    if terminal != expected:
-        raise AssertionError(f"terminal set {sorted(terminal)} != records {sorted(expected)}")
-    if await live("idle") != set(registry.idle_order.keys()):
+    if terminal != retained:
+        raise AssertionError(f"terminal set {sorted(terminal)} != records {sorted(retained)}")
+    idle = {ref[2:] for ref, g in groups.items() if g.idle_since is not None}
+    if await live("idle") != idle:
         raise AssertionError("idle set != idle watermarks")
     legacy_active = {m.decode() for m in await store.call("SMEMBERS", store.legacy_active)}
-    active_legacy = {ref for ref, r in records.items() if r.group_id is None and r.phase.active}
+    active_legacy = {
+        ref
+        for ref, g in groups.items()
+        if g.record is not None and g.record.legacy and g.record.phase.active
+    }
     if legacy_active != active_legacy:
         raise AssertionError(f"legacy-active set {sorted(legacy_active)} != active legacy records")
-    return registry
+    return groups

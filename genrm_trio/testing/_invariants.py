@@ -1,4 +1,4 @@
-"""Checks of §6 beyond `GroupRegistry.check_invariants`, run after every scenario step.
+"""Checks of §6 beyond a store's own ``check_invariants``, run after every scenario step.
 
 Each check returns `Violation`s naming the invariant it guards; none of them raises.
 """
@@ -11,7 +11,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from genrm_trio.core.groups import GroupRegistry, Phase, Scored, Statistics
+from genrm_trio.core.outcomes import Scored
+from genrm_trio.core.records import Phase, Record
+from genrm_trio.core.statistics import Statistics
+from genrm_trio.core.transition import Group
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.testing.controlled_judge import ControlledJudge, JudgeCall
 from genrm_trio.testing.instrument import CriticalSectionInstrument
@@ -99,12 +102,10 @@ def registry_violations(engine: Engine, step: str) -> list[Violation]:
     return []
 
 
-def publication_violations(registry: GroupRegistry, step: str) -> list[Violation]:
+def publication_violations(records: Iterable[Record], step: str) -> list[Violation]:
     """I-5, I-7: outcomes appear all at once, one per slot, finite, and never on a failed record."""
     found: list[Violation] = []
-    records = {id(r): r for r in (*registry.explicit.values(), *registry.legacy.values())}
-    records.update((id(r), r) for r in registry.active.values())
-    for record in records.values():
+    for record in records:
         outcomes = [m.outcome for m in record.members.values()]
         published = sum(1 for outcome in outcomes if outcome is not None)
         if record.phase.active and published:
@@ -144,25 +145,30 @@ def _finite(outcome: Scored) -> bool:
 
 
 def retention_violations(
-    registry: GroupRegistry,
+    groups: Iterable[Group],
+    idle: Sequence[str],
+    terminal: Sequence[str],
     watermarks: Mapping[str, int],
     idle_order: Sequence[str],
     terminal_order: Sequence[str],
     step: str,
 ) -> list[Violation]:
     """R-1…R-4: which groups keep a watermark (at which attempt), and the exact order of the
-    idle order and of the terminal index, which decides what pruning removes next."""
+    idle order (group ids) and of the terminal index (record keys), which decides what pruning
+    removes next."""
     found = []
-    seen = {gid: mark.attempt for gid, mark in registry.watermarks.items()}
+    seen = {g.ref[2:]: g.watermark.attempt for g in groups if g.watermark is not None}
     if seen != dict(watermarks):
         found.append(Violation("R-1", step, f"watermarks {seen}, expected {dict(watermarks)}"))
-    idle = registry.idle_order.keys()
-    if idle != list(idle_order):
-        found.append(Violation("R-1", step, f"idle order {idle}, expected {list(idle_order)}"))
-    terminal = [record.key for record in registry.terminal_index.values()]
-    if terminal != list(terminal_order):
+    if list(idle) != list(idle_order):
         found.append(
-            Violation("R-1", step, f"terminal index {terminal}, expected {list(terminal_order)}")
+            Violation("R-1", step, f"idle order {list(idle)}, expected {list(idle_order)}")
+        )
+    if list(terminal) != list(terminal_order):
+        found.append(
+            Violation(
+                "R-1", step, f"terminal index {list(terminal)}, expected {list(terminal_order)}"
+            )
         )
     return found
 

@@ -32,9 +32,23 @@ def shared_config(**overrides: Any) -> Config:
 
 
 def new_store(
-    url: str, config: Config, lease_s: float = 5.0, clock: Callable[[], float] | None = None
+    url: str,
+    config: Config,
+    lease_s: float = 5.0,
+    clock: Callable[[], float] | None = None,
+    *,
+    poll_s: float = 1.0,
+    notifications: bool = True,
 ) -> RedisGroupStore:
-    return RedisGroupStore(config, StoreAddress.parse(url), PREFIX, lease_s, clock=clock)
+    return RedisGroupStore(
+        config,
+        StoreAddress.parse(url),
+        PREFIX,
+        lease_s,
+        clock=clock,
+        poll_s=poll_s,
+        notifications=notifications,
+    )
 
 
 @asynccontextmanager
@@ -60,13 +74,14 @@ async def shared_engines(
         stack.enter_context(trio.fail_after(60))
         nursery = await stack.enter_async_context(trio.open_nursery())
         for index in range(count):
+            store = new_store(
+                url, config, lease_s, clock, poll_s=poll_s, notifications=notifications
+            )
             engine = Engine(
                 config,
-                new_store(url, config, lease_s, clock),
+                store,
                 judge_transport=judge.transport(),
                 hooks=(hooks or [None] * count)[index],
-                poll_s=poll_s,
-                notifications=notifications,
             )
             await nursery.start(engine.run)
             engines.append(engine)

@@ -25,7 +25,7 @@ import pytest
 import trio
 
 from genrm_trio.config import Config, config_from_mapping
-from genrm_trio.core.groups import Statistics
+from genrm_trio.core.statistics import Statistics
 from genrm_trio.http.app import GenRMApp, create_app
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.testing.controlled_judge import ControlledJudge, group_marker
@@ -77,6 +77,15 @@ class GenRMServer(Server):
     ) -> None:
         super().__init__(app, client, judge)
         self.instrument = instrument
+        # group id -> the newest attempt posted to /verify through this server
+        self._attempts: dict[str, int] = {}
+
+    async def verify(self, body: Any, **kwargs: Any) -> Reply:
+        if isinstance(body, dict) and isinstance(body.get("_ng_group_id"), str):
+            group, attempt = body["_ng_group_id"], body.get("_ng_group_attempt", 0)
+            if isinstance(attempt, int):
+                self._attempts[group] = max(self._attempts.get(group, -1), attempt)
+        return await super().verify(body, **kwargs)
 
     @property
     def size(self) -> int:
@@ -117,14 +126,8 @@ class GenRMServer(Server):
         return [self.start_member(nursery, i, qs[i], g, a, **options) for i in range(self.size)]
 
     def next_attempt(self, g: str = "g") -> int:
-        """One more than the newest attempt the server knows for group `g` (0 if none)."""
-        registry = self.engine.registry
-        known = [-1]
-        if g in registry.watermarks:
-            known.append(registry.watermarks[g].attempt)
-        if g in registry.explicit:
-            known.append(registry.explicit[g].attempt)
-        return max(known) + 1
+        """One more than the newest attempt posted to /verify for group `g` (0 if none)."""
+        return self._attempts.get(g, -1) + 1
 
     async def new_attempt(
         self, g: str = "g", *, qualities: list[float] | None = None, **options: Any

@@ -9,45 +9,15 @@ import sys
 from typing import Any
 
 import pytest
+from one_group import Groups, arrival
 
 from genrm_trio.config import ConfigError, config_from_mapping
-from genrm_trio.core.groups import (
-    Arrival,
-    GroupInputs,
-    GroupRegistry,
-    Masked,
-    MemberTexts,
-    Scored,
-)
+from genrm_trio.core.outcomes import Masked, Scored
 from genrm_trio.core.scoring import masked_reward_placeholder
+from genrm_trio.core.transition import Finish
 from genrm_trio.core.verdicts import Verdict
 
 BASE = {"judge_base_url": "http://judge/v1", "judge_model": "m"}
-
-
-def make_registry(**overrides: Any) -> GroupRegistry:
-    return GroupRegistry(config_from_mapping({**BASE, "num_rollouts_per_prompt": 2, **overrides}))
-
-
-def arrival(slot: int, fp: bytes | None = None) -> Arrival:
-    def prepare(first: bool) -> tuple[MemberTexts, GroupInputs | None]:
-        inputs = GroupInputs([{"role": "user", "content": "q"}], None, None, None)
-        return MemberTexts("", f"answer-{slot}"), inputs if first else None
-
-    return Arrival(
-        group_id="g",
-        attempt=0,
-        slot=slot,
-        task_index=None,
-        prompt_id=None,
-        digest="d",
-        fingerprint=fp if fp is not None else bytes([slot]) * 32,
-        prepare=prepare,
-    )
-
-
-def wake() -> None:
-    pass
 
 
 def test_zero_is_zero_whatever_was_scored() -> None:
@@ -77,28 +47,27 @@ def test_group_mean_of_rewards_whose_sum_overflows_is_still_their_finite_mean() 
     assert math.isclose(placeholder, big, rel_tol=1e-15)
 
 
-def _masked_group(registry: GroupRegistry) -> list[Any]:
+def _masked_group(groups: Groups) -> list[Any]:
     """N = 4 under circular, pair (1, 2) failed; answer k scores 1 + k in each comparison."""
-    replies = [registry.arrive(arrival(i), 0.0, wake) for i in range(4)]
-    record = replies[0].reply.record
+    decisions = [groups.arrive(arrival(i)) for i in range(4)]
+    record = groups.record()
     failed = next(c for c in record.plan if (c.first, c.second) == (1, 2))
-    registry.comparison_failed(record, failed, "GenRM judge X pair=(1, 2): boom")
     verdicts = {
         c.index: Verdict(1.0 + c.first, 1.0 + c.second, 3.5)
         for c in record.plan
         if c.index != failed.index
     }
-    registry.finish_evaluation(record, verdicts, 1.0)
-    registry.check_invariants()
-    return [r.reply.waiter.outcome for r in replies]
+    lost = {failed.index: "GenRM judge X pair=(1, 2): boom"}
+    groups.send("e:g", Finish(record.rid, record.fence, verdicts, lost, 4, False), 1.0)
+    return [groups.answer(d) for d in decisions]
 
 
 @pytest.mark.parametrize(("policy", "expected"), [("zero", 0.0), ("group_mean", 2.5)])
 def test_masked_rows_of_a_partially_masked_group_carry_the_placeholder(
     policy: str, expected: float
 ) -> None:
-    registry = make_registry(num_rollouts_per_prompt=4, masked_reward_placeholder=policy)
-    outcomes = _masked_group(registry)
+    groups = Groups(num_rollouts_per_prompt=4, masked_reward_placeholder=policy)
+    outcomes = _masked_group(groups)
     assert [type(o) for o in outcomes] == [Scored, Masked, Masked, Scored]
     assert [outcomes[0].reward, outcomes[3].reward] == [1.0, 4.0]
     assert [outcomes[1].placeholder, outcomes[2].placeholder] == [expected, expected]
@@ -108,32 +77,32 @@ def test_masked_rows_of_a_partially_masked_group_carry_the_placeholder(
 
 
 def test_a_late_request_for_a_masked_slot_gets_the_placeholder_it_was_published_with() -> None:
-    registry = make_registry(num_rollouts_per_prompt=4, masked_reward_placeholder="group_mean")
-    outcomes = _masked_group(registry)
-    late = registry.arrive(arrival(2, fp=b"regenerated" * 3), 2.0, wake)
-    assert late.reply.outcome == outcomes[2]
-    assert late.reply.outcome.placeholder == 2.5
+    groups = Groups(num_rollouts_per_prompt=4, masked_reward_placeholder="group_mean")
+    outcomes = _masked_group(groups)
+    late = groups.arrive(arrival(2, fp=b"regenerated" * 3), now=2.0)
+    assert groups.answer(late) == outcomes[2]
+    assert outcomes[2].placeholder == 2.5
 
 
 def test_a_group_whose_every_rollout_is_masked_carries_zero() -> None:
-    registry = make_registry(masked_reward_placeholder="group_mean")
-    replies = [registry.arrive(arrival(i), 0.0, wake) for i in range(2)]
-    record = replies[0].reply.record
-    registry.comparison_failed(record, record.plan[0], "first")
-    registry.comparison_failed(record, record.plan[1], "second")
-    registry.finish_evaluation(record, {}, 1.0)
-    outcomes = [r.reply.waiter.outcome for r in replies]
+    groups = Groups(masked_reward_placeholder="group_mean")
+    decisions = [groups.arrive(arrival(i)) for i in range(2)]
+    record = groups.record()
+    lost = {0: "first", 1: "second"}
+    groups.send("e:g", Finish(record.rid, record.fence, {}, lost, 2, False), 1.0)
+    outcomes = [groups.answer(d) for d in decisions]
     assert all(isinstance(o, Masked) and o.placeholder == 0.0 for o in outcomes)
     assert "every rollout was masked" in outcomes[0].text
-    late = registry.arrive(arrival(0), 2.0, wake)
-    assert late.reply.outcome == outcomes[0]
+    late = groups.arrive(arrival(0), now=2.0)
+    assert groups.answer(late) == outcomes[0]
 
 
 def test_a_group_past_its_evaluation_deadline_carries_zero() -> None:
-    registry = make_registry(masked_reward_placeholder="group_mean")
-    replies = [registry.arrive(arrival(i), 0.0, wake) for i in range(2)]
-    registry.evaluation_deadline(replies[0].reply.record, 1, 5.0)
-    outcomes = [r.reply.waiter.outcome for r in replies]
+    groups = Groups(masked_reward_placeholder="group_mean")
+    decisions = [groups.arrive(arrival(i)) for i in range(2)]
+    record = groups.record()
+    groups.send("e:g", Finish(record.rid, record.fence, {}, {}, 1, True), 5.0)
+    outcomes = [groups.answer(d) for d in decisions]
     assert all(isinstance(o, Masked) and o.placeholder == 0.0 for o in outcomes)
     assert outcomes[0].text.startswith("GenRM cohort evaluation deadline exceeded")
 

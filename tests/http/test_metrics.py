@@ -326,7 +326,7 @@ def worker_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Wo
 def single_process_samples(server: Any) -> Samples:
     """What the same server reports when it serves alone (EngineCollector at scrape time)."""
     app = server.app
-    registry = metrics_registry(app.engine, app.spool, app.spool_budget)
+    registry = metrics_registry(app.metrics_collector)
     return parse(render_metrics(registry).decode())
 
 
@@ -486,7 +486,7 @@ def test_a_gauge_without_a_merge_mode_stops_the_worker(worker_files: WorkerFiles
 
 async def test_every_gauge_the_server_reports_has_a_merge_mode() -> None:
     app = create_app({**SCENARIO_DEFAULTS})
-    registry = metrics_registry(app.engine, app.spool, app.spool_budget)
+    registry = metrics_registry(app.metrics_collector)
     gauges = {family.name for family in registry.collect() if family.type == "gauge"}
     assert gauges == set(GAUGE_MODES)
 

@@ -14,24 +14,20 @@ from typing import Any
 import pytest
 import trio
 
-from genrm_trio.core import groups
+from genrm_trio.core import messages, publication
 from genrm_trio.core.critical import critical_section
-from genrm_trio.core.groups import (
-    FailureKind,
-    GroupRegistry,
-    Phase,
-    Record,
-    Scored,
-)
+from genrm_trio.core.outcomes import Ended, Scored
+from genrm_trio.core.records import FailureKind, Phase, Record
 from genrm_trio.core.retention import AgedIndex
-from genrm_trio.judge.client import JudgeClient, JudgeFailure, JudgeTask
+from genrm_trio.core.transition import Finish, _Step
+from genrm_trio.judge.client import JudgeClient, JudgeFailure, JudgeTask, JudgeVerdict
 from genrm_trio.runtime.engine import Engine
-from genrm_trio.store.group_store import Transaction
+from genrm_trio.runtime.waiters import Waiters
+from genrm_trio.store.memory_store import MemoryGroupStore
 from genrm_trio.testing.scenarios import (
     Disconnect,
     Fault,
     Post,
-    Release,
     Scenario,
     ScenarioReport,
     Shutdown,
@@ -110,7 +106,7 @@ def assert_catches(script: Script, invariant: str, *defects: Defect) -> None:
     assert invariant in invariants_caught(report), report.summary()
 
 
-_SCORE_GROUP = groups.score_group
+_SCORE_GROUP = publication.score_group
 
 
 def swapped_rewards(*args: Any, **kwargs: Any) -> Any:
@@ -128,14 +124,14 @@ def test_a_checkpoint_inside_arrival_bookkeeping_is_caught() -> None:
     script = Script()
     script.complete()
 
-    verify = Engine.verify
+    verify = Engine._verify
 
-    async def verify_with_await(self: Engine, request: Any) -> Any:
+    async def verify_with_await(self: Engine, request: Any, fingerprints: Any) -> Any:
         with critical_section():
             await trio.lowlevel.checkpoint()  # an await slipped into resolution
-        return await verify(self, request)
+        return await verify(self, request, fingerprints)
 
-    assert_catches(script, "I-1", (Engine, "verify", verify_with_await))
+    assert_catches(script, "I-1", (Engine, "_verify", verify_with_await))
 
 
 def test_a_checkpoint_inside_evaluation_bookkeeping_is_caught() -> None:
@@ -158,30 +154,21 @@ def test_supersession_that_leaves_the_old_result_indexed_is_caught() -> None:
     script = Script()
     script.complete(a=0)
     script.post(0, a=1)
+    file = MemoryGroupStore._file
 
-    def supersede_keeping_index(
-        self: GroupRegistry, record: Record, attempt: int, now: float, effects: list[Any]
-    ) -> None:
-        assert record.group_id is not None
-        if record.phase.active:
-            text = groups.messages.superseded(record.group_id, record.attempt, attempt)
-            self._fail(record, FailureKind.COHORT, text, now, effects)
-        if self.explicit.get(record.group_id) is record:
-            del self.explicit[record.group_id]
+    def file_keeping_old_result(self: MemoryGroupStore, group: Any, before: Any) -> None:
+        file(self, group, before)
+        if before.terminal_time is not None and before.record is not group.record:
+            self._terminal.stamp(group.ref, group, before.terminal_time)
 
-    assert_catches(script, "I-2", (GroupRegistry, "_supersede", supersede_keeping_index))
+    assert_catches(script, "I-2", (MemoryGroupStore, "_file", file_keeping_old_result))
 
 
 def test_a_finished_group_missing_from_the_idle_order_is_caught() -> None:
     script = Script()
     script.complete()
 
-    def terminal_without_idle(self: GroupRegistry, record: Record, now: float) -> None:
-        self.active.pop(id(record), None)
-        record.terminal_time = now
-        self.terminal_index.stamp(id(record), record, now)
-
-    assert_catches(script, "I-2", (GroupRegistry, "_become_terminal", terminal_without_idle))
+    assert_catches(script, "I-2", (_Step, "_stamp_idle", lambda self: None))
 
 
 # ---- R-1 … R-4: retention order ----------------------------------------------------------
@@ -207,15 +194,15 @@ def test_a_refresh_that_keeps_the_old_idle_position_is_caught() -> None:
 def test_a_published_record_that_keeps_its_texts_is_caught() -> None:
     script = Script()
     script.complete()
-    publish = GroupRegistry._publish
+    publish = _Step._publish
 
-    def publish_keeping_texts(self: GroupRegistry, record: Record, now: float) -> None:
+    def publish_keeping_texts(self: _Step, record: Record, failed: int) -> None:
         texts = {slot: member.texts for slot, member in record.members.items()}
-        publish(self, record, now)
+        publish(self, record, failed)
         for slot, member in record.members.items():
             member.texts = texts[slot]
 
-    assert_catches(script, "I-3", (GroupRegistry, "_publish", publish_keeping_texts))
+    assert_catches(script, "I-3", (_Step, "_publish", publish_keeping_texts))
 
 
 # ---- I-4: no waiter left behind ------------------------------------------------------------
@@ -226,50 +213,43 @@ def test_a_disconnect_that_leaves_its_waiter_is_caught() -> None:
     request = script.post(0)
     script.then(Disconnect(request))
 
-    assert_catches(
-        script,
-        "I-4",
-        (GroupRegistry, "detach", lambda self, record, slot, waiter: None),
-    )
+    assert_catches(script, "I-4", (Waiters, "remove", lambda self, rid, waiter: None))
 
 
-def test_a_shutdown_that_forgets_waiting_groups_is_caught() -> None:
+def test_a_shutdown_that_forgets_waiting_requests_is_caught() -> None:
     script = Script()
     script.post(0, g="collecting")
     script.fault((0, 1), "hold", g="evaluating")
     script.complete(g="evaluating")
     script.then(Shutdown())
 
-    def close_only(self: GroupRegistry, now: float) -> list[Any]:
-        with critical_section():
-            self.closed = True
-            return []
+    def close_only(self: MemoryGroupStore, now: float) -> list[Any]:
+        self.closed = True
+        return []
 
-    assert_catches(script, "I-4", (GroupRegistry, "shut_down", close_only))
+    assert_catches(
+        script,
+        "I-4",
+        (MemoryGroupStore, "shut_down", close_only),
+        (MemoryGroupStore, "evaluation_cancelled", lambda self, ref, rid: None),
+        (Waiters, "resolve_all", lambda self, outcome: None),
+    )
 
 
 # ---- I-5: no partial publication ----------------------------------------------------------
 
 
-def test_publishing_one_slot_early_is_caught() -> None:
+def test_a_failed_group_that_keeps_its_rewards_is_caught() -> None:
     script = Script()
-    script.fault((1, 0), "hold")
-    script.complete(qualities=[4, 2])
-    script.then(Release("g", 0, (1, 0)))
-    compare = Engine._compare
+    script.complete()
 
-    async def compare_then_publish(
-        self: Engine, record: Record, handle: Any, comparison: Any, task: Any
-    ) -> None:
-        await compare(self, record, handle, comparison, task)
-        member = record.members[comparison.first]
-        if record.phase is Phase.EVALUATING and member.outcome is None:
-            member.outcome = Scored(4.0, {})
-            for waiter in member.waiters:
-                waiter.resolve(member.outcome)
-            member.waiters = []
+    def finish_storing_first(self: _Step, record: Record, event: Finish) -> None:
+        # The outcomes are stored before a check that then fails the group.
+        for member in record.members.values():
+            member.outcome = Scored(3.0, {})
+        self._fail(record, FailureKind.COHORT, messages.NON_FINITE_REWARDS)
 
-    assert_catches(script, "I-5", (Engine, "_compare", compare_then_publish))
+    assert_catches(script, "I-5", (_Step, "_finish", finish_storing_first))
 
 
 # ---- I-6: exact judge calls ------------------------------------------------------------------
@@ -292,33 +272,32 @@ def test_a_superseded_group_that_keeps_judging_is_caught() -> None:
     script.fault((0, 1), "hold", a=0)
     script.complete(a=0)
     script.post(0, a=1)
-    after = Engine._after
 
-    def after_without_cancelling(self: Engine, tx: Transaction[Any]) -> None:
-        tx.finished = None
-        after(self, tx)
+    def deliver_only(self: Engine, ended: Ended) -> None:
+        self.waiters.deliver(ended)  # its evaluation is not cancelled
 
-    assert_catches(script, "I-6", (Engine, "_after", after_without_cancelling))
+    assert_catches(script, "I-6", (Engine, "ended_elsewhere", deliver_only))
 
 
 def test_a_replay_that_calls_the_judge_is_caught() -> None:
     script = Script()
     script.complete()
     script.post(0)
-    verify = Engine.verify
+    verify = Engine._verify
 
     def replayed_task(record: Record) -> JudgeTask:
         text = f"answer-0 [[q=3]] [[group={record.group_id}:{record.attempt}]]"
         return JudgeTask([], None, text, text.replace("answer-0", "answer-1"), (0, 1), 0)
 
-    async def verify_and_rejudge(self: Engine, request: Any) -> Any:
-        outcome = await verify(self, request)
-        record = self.registry.explicit.get(request.group_id)
+    async def verify_and_rejudge(self: Engine, request: Any, fingerprints: Any) -> Any:
+        answered = await verify(self, request, fingerprints)
+        group = self.store.group(f"e:{request.group_id}")  # type: ignore[attr-defined]
+        record = group.record if group is not None else None
         if record is not None and record.phase is Phase.COMPLETED and request.rollout_index == 0:
             await self.judge.judge(replayed_task(record))
-        return outcome
+        return answered
 
-    assert_catches(script, "I-6", (Engine, "verify", verify_and_rejudge))
+    assert_catches(script, "I-6", (Engine, "_verify", verify_and_rejudge))
 
 
 # ---- I-7: finite rewards, one per slot, mapped by slot -------------------------------------
@@ -327,13 +306,13 @@ def test_a_replay_that_calls_the_judge_is_caught() -> None:
 def test_rewards_given_to_the_wrong_slots_are_caught() -> None:
     script = Script()
     script.complete(qualities=[5, 1])
-    assert_catches(script, "I-7", (groups, "score_group", swapped_rewards))
+    assert_catches(script, "I-7", (publication, "score_group", swapped_rewards))
 
 
 def test_a_non_finite_published_reward_is_caught() -> None:
     script = Script()
     script.complete()
-    score_group = groups.score_group
+    score_group = publication.score_group
 
     def infinite(*args: Any, **kwargs: Any) -> Any:
         score = score_group(*args, **kwargs)
@@ -342,8 +321,8 @@ def test_a_non_finite_published_reward_is_caught() -> None:
     assert_catches(
         script,
         "I-7",
-        (groups, "score_group", infinite),
-        (GroupRegistry, "_check_publishable", lambda self, *args: None),
+        (publication, "score_group", infinite),
+        (publication, "check_publishable", lambda *args: None),
     )
 
 
@@ -357,19 +336,17 @@ def test_masking_a_rollout_whose_comparisons_all_succeeded_is_caught() -> None:
     script.fault((0, 1), "unparseable")
     script.complete(qualities=[1, 2, 4, 5])
 
-    async def compare_failing_fallbacks(
-        self: Engine, record: Record, handle: Any, comparison: Any, task: Any
-    ) -> None:
-        result = await self.judge.judge(task, deadline=handle.retry_deadline)
-        handle.finished += 1
-        if isinstance(result, JudgeFailure):
-            self.registry.comparison_failed(record, comparison, result.text)
-        elif result.fallback:
-            self.registry.comparison_failed(record, comparison, "unparseable reply")
-        else:
-            handle.verdicts[comparison.index] = result.verdict
+    judge = JudgeClient.judge
 
-    assert_catches(script, "M-2", (Engine, "_compare", compare_failing_fallbacks))
+    async def judge_failing_fallbacks(
+        self: JudgeClient, task: Any, *, deadline: Any = math.inf
+    ) -> Any:
+        result = await judge(self, task, deadline=deadline)
+        if isinstance(result, JudgeVerdict) and result.fallback:
+            return JudgeFailure("unparseable reply", result.attempts)
+        return result
+
+    assert_catches(script, "M-2", (JudgeClient, "judge", judge_failing_fallbacks))
 
 
 def test_masking_only_one_rollout_of_a_failed_pair_is_caught() -> None:
@@ -380,7 +357,7 @@ def test_masking_only_one_rollout_of_a_failed_pair_is_caught() -> None:
     def first_only(plan: Any, failed: Any, n: int) -> set[int]:
         return {c.first for c in plan if c.index in failed}
 
-    report = play_with(script, (groups, "masked_slots", first_only))
+    report = play_with(script, (publication, "masked_slots", first_only))
     # Slot 1 cannot be scored without its failed comparison, so the group fails instead of
     # masking rollouts 0 and 1: the answers disagree with the model.
     first = report.violations[0]
@@ -418,7 +395,7 @@ def test_pruning_that_scans_every_entry_is_caught() -> None:
 def test_random_seeds_find_a_defect_and_print_a_minimal_reproduction(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(groups, "score_group", swapped_rewards)
+    monkeypatch.setattr(publication, "score_group", swapped_rewards)
     failing = None
     for seed in range(20):
         report = run_scenario(generate(seed))

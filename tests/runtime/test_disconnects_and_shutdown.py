@@ -88,7 +88,8 @@ async def test_cancelled_request_releases_its_body() -> None:
 
             async def wait(request: object) -> None:
                 with scope:
-                    await server.engine.verify(request)
+                    async with server.engine.verify(request):
+                        pass
 
             nursery.start_soon(wait, parsed)
             await trio.testing.wait_all_tasks_blocked()
@@ -101,7 +102,7 @@ async def test_cancelled_request_releases_its_body() -> None:
         # the member keeps its compact texts.
         assert sys.getrefcount(data) < held_by_request
         assert server.engine.counters.canonical_fingerprints == 1
-        record = server.engine.registry.explicit["g"]
+        record = server.engine.store.group("e:g").record
         assert record.members[0].texts is not None
         replay = member(0)
         replay["response"]["id"] = marker

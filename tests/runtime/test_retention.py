@@ -21,11 +21,11 @@ async def at(t: float) -> None:
 
 
 def retained(server: Server) -> set[Any]:
-    return {r.group_id or r.key for r in server.engine.registry.terminal_index.values()}
+    return {r.group_id or r.key for r in server.engine.store.terminal_order()}
 
 
 def watermarks(server: Server) -> set[str]:
-    return set(server.engine.registry.watermarks)
+    return {g.ref[2:] for g in server.engine.store.groups() if g.watermark is not None}
 
 
 async def test_results_and_watermarks_expire_independently(autojump_clock) -> None:
@@ -124,7 +124,7 @@ async def test_statistics_return_to_zero_after_everything_expires(autojump_clock
         await server.verify_all([member(i, g=None) for i in range(2)])
         server.engine.check_invariants()
         await trio.sleep(20)
-        server.engine.registry.prune(trio.current_time())
+        server.engine.store.prune(trio.current_time())
         stats = server.engine.statistics()
         assert (
             stats.active_groups,
@@ -205,9 +205,9 @@ async def test_superseded_record_uses_no_retention_slot(autojump_clock) -> None:
             assert judge.stats()["in_flight"] == 0
             await trio.sleep(11)
             await trio.testing.wait_all_tasks_blocked()
-            s.engine.registry.prune(trio.current_time())
+            s.engine.store.prune(trio.current_time())
             assert retained(s) == set()
-            assert s.engine.registry.watermarks["g"].attempt == 1
+            assert s.engine.store.group("e:g").watermark.attempt == 1
             late = await s.verify(member(0))
             assert late.status == 409 and "superseded by attempt 1" in late.detail
             new1 = await s.verify(member(1, a=1, regenerated=True))

@@ -10,7 +10,7 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from genrm_trio.core.groups import Outcome, Scored
+from genrm_trio.core.outcomes import Outcome, Scored
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.store.judge_budget import BudgetReply, StoredJudgeBudget
 from genrm_trio.store.redis_store import RedisGroupStore
@@ -240,9 +240,8 @@ async def test_a_dead_engine_s_slots_come_back_after_its_lease(
     stuck = FakeJudge(latency="fixed:1000")
     dead = Engine(
         config,
-        new_store(shared_redis_server.url, config, lease_s=0.5, clock=harness_time),
+        new_store(shared_redis_server.url, config, lease_s=0.5, clock=harness_time, poll_s=0.05),
         judge_transport=stuck.transport(),
-        poll_s=0.05,
     )
     async with trio.open_nursery() as nursery:
         killed = trio.CancelScope()

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from genrm_trio.core import messages
-from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
+from genrm_trio.core.outcomes import Masked, Outcome, Rejected, Scored
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.store.redis_store import RedisGroupStore, check_store_invariants
 from genrm_trio.testing._shared_store import shared_config, shared_engines
@@ -83,7 +83,7 @@ async def play(engines: list[Engine], bodies: list[dict[str, Any]], seed: int) -
 
     def settled(sent: int) -> bool:
         waiting = sum(e.statistics().waiters for e in engines)
-        busy = any(e.statistics().evaluating for e in engines) or any(e._queued for e in engines)
+        busy = any(e.statistics().evaluating for e in engines) or any(e.queued for e in engines)
         return not busy and len(answers) + waiting == sent
 
     async def notified() -> bool:
@@ -91,7 +91,7 @@ async def play(engines: list[Engine], bodies: list[dict[str, Any]], seed: int) -
         still on its way)."""
         for engine in engines:
             if isinstance(engine.store, RedisGroupStore):
-                if await engine.store.finished_records(list(engine._waiting)):
+                if await engine.store.ended_records(engine.waiters.records()):
                     return False
         return True
 
@@ -132,7 +132,7 @@ async def test_both_stores_answer_a_seeded_workload_alike(
             shared_redis_server.url, 2, judge=shared_judge, **SETTINGS
         ) as engines:
             got = await play(list(engines), bodies, seed)
-            await check_store_invariants(engines[0].store, engines[0].config)
+            await check_store_invariants(engines[0].store)
     kinds = {answer[0] for answer in expected}
     assert "scored" in kinds and "rejected" in kinds  # the workload reaches both outcomes
     for index, (want, have) in enumerate(zip(expected, got, strict=True)):

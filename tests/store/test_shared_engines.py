@@ -10,7 +10,7 @@ import trio
 import trio.testing
 from trio.testing import MockClock
 
-from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
+from genrm_trio.core.outcomes import Masked, Outcome, Rejected, Scored
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.store.redis_store import check_store_invariants
@@ -74,7 +74,7 @@ async def test_members_at_different_engines_form_one_group(
             "for rollout_index=1",
         )
         assert judge.stats()["requests_total"] == 4
-        await check_store_invariants(a.store, a.config)
+        await check_store_invariants(a.store)
 
 
 async def test_a_duplicate_at_another_engine_waits_for_the_same_outcome(
@@ -110,7 +110,7 @@ async def test_supersession_at_another_engine_answers_the_old_waiters(
         assert old == [Rejected(503, SUPERSEDED)]
         assert rewards(new) == {0: 4.0, 1: 2.0}
         assert await verify(b, member(0)) == Rejected(409, SUPERSEDED)
-        await check_store_invariants(a.store, a.config)
+        await check_store_invariants(a.store)
 
 
 async def test_collection_deadline_fires_without_the_engine_that_started_the_group(
@@ -201,7 +201,7 @@ async def test_duplicated_notifications_answer_each_waiter_once(
             await stored_and_waiting(a)
             # Notifications naming records nobody waits on, and none at all, change nothing.
             await a.store.call("PUBLISH", a.store.channel, "no-such-record")
-            [rid] = list(a._waiting)
+            [rid] = a.waiters.records()
             await a.store.call("PUBLISH", a.store.channel, rid)
             await trio.sleep(0.1)
             assert a.statistics().waiters == 1 and not waiting
@@ -239,7 +239,7 @@ async def test_legacy_groups_across_engines_retire_on_completion(
         again = await send_all([(b, member(0, 4, g=None)), (a, member(1, 2, g=None))])
         assert rewards(again) == {0: 4.0, 1: 2.0}
         assert judge.stats()["requests_total"] == 4  # a completed legacy group is judged anew
-        await check_store_invariants(a.store, a.config)
+        await check_store_invariants(a.store)
 
 
 async def test_count_cap_evicts_results_and_watermarks_in_order(
@@ -253,7 +253,7 @@ async def test_count_cap_evicts_results_and_watermarks_in_order(
         await send_all([(a, member(0, 4, g="g1")), (b, member(1, 2, g="g1"))])
         await send_all([(a, member(0, 4, g="g2")), (b, member(1, 2, g="g2"))])
         assert (await verify(b, member(0, 4, g="g2"))).reward == 4.0  # type: ignore[union-attr]
-        await check_store_invariants(a.store, a.config)
+        await check_store_invariants(a.store)
         # g1's result and watermark are gone: a request starts a fresh group.
         async with trio.open_nursery() as nursery:
             fresh: list[Outcome] = []
@@ -282,7 +282,7 @@ async def test_result_ttl_and_a_refreshed_watermark(
             "GenRM group 'g' attempt 0 already finished and its result is no longer retained; "
             "retry with a higher _ng_group_attempt",
         )
-        await check_store_invariants(a.store, a.config)
+        await check_store_invariants(a.store)
 
 
 async def test_store_down_answers_503_naming_it_and_recovers(redis_server: RedisServer) -> None:
@@ -328,7 +328,7 @@ async def test_the_first_requests_after_a_store_restart_are_served(
         redis_server.start()
         for engine in (a, b, b):
             assert await verify(engine, member(0, 4)) == done[0]
-        await check_store_invariants(a.store, a.config)
+        await check_store_invariants(a.store)
 
 
 async def test_every_process_lost_finished_work_replays_without_judging(
@@ -355,7 +355,7 @@ async def test_every_process_lost_finished_work_replays_without_judging(
         fenced = await verify(d, member(0, 4, g="h", a=1))
         assert fenced == Rejected(409, "GenRM group 'h' attempt 1 was superseded by attempt 2")
         assert judge.stats()["requests_total"] == calls
-        await check_store_invariants(c.store, c.config)
+        await check_store_invariants(c.store)
 
 
 @pytest.mark.parametrize("url", ["memory", "http://x", "redis://", "redis://h:p/0"])
@@ -435,7 +435,7 @@ async def test_non_finite_rewards_fail_the_shared_group(shared_redis_server: Red
         for outcome in results.values():
             assert isinstance(outcome, Rejected) and outcome.status == 503
             assert "non-finite cohort rewards" in outcome.detail
-        await check_store_invariants(a.store, a.config)
+        await check_store_invariants(a.store)
 
 
 async def test_a_conversion_failure_answers_the_members_already_waiting(
@@ -497,4 +497,4 @@ async def test_a_supersession_at_another_engine_stops_the_owners_judge_calls(
         assert old == [Rejected(503, SUPERSEDED)] * 2
         assert rewards(new) == {0: 4.0, 1: 2.0}
         assert a.published == 0 and a.refused == 0  # stopped, not refused after the fact
-        await check_store_invariants(a.store, a.config)
+        await check_store_invariants(a.store)

@@ -10,9 +10,8 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from genrm_trio.core.groups import Rejected, Scored
-from genrm_trio.runtime.engine import Engine
-from genrm_trio.store.redis_store import Transaction
+from genrm_trio.core.outcomes import Rejected, Scored
+from genrm_trio.core.transition import CollectionDue, _Step
 from genrm_trio.testing._shared_store import PREFIX, harness_time, shared_engines
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
@@ -33,15 +32,15 @@ async def test_a_group_written_under_every_attempt_is_answered_503_and_nothing_i
             attempts = 0
             real_transact = engine.store.transact
 
-            async def meddled(ref: str, step: Any, **kw: Any) -> Transaction[Any]:
-                def meddling(tx: Transaction[Any]) -> Any:
+            async def meddled(ref: str, event: Any, *, before_commit: Any = None) -> Any:
+                def meddling(decision: Any) -> Any:
                     nonlocal attempts
                     attempts += 1
                     # Another writer rewrites the watched record between the read and the EXEC.
                     shared_redis_server.command("SET", record_key, before)
-                    return step(tx)
+                    return before_commit(decision) if before_commit is not None else None
 
-                return await real_transact(ref, meddling, **kw)
+                return await real_transact(ref, event, before_commit=meddling)
 
             engine.store.transact = meddled  # type: ignore[method-assign]
             outcome = await verify(engine, member(1))
@@ -79,19 +78,22 @@ async def test_scripts_are_loaded_again_after_the_server_forgot_them(
 
 
 async def test_a_defect_in_one_groups_sweep_fails_that_group_and_spares_the_others(
-    shared_redis_server: RedisServer, caplog: pytest.LogCaptureFixture, store_clock: MockClock
+    shared_redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+    store_clock: MockClock,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async with shared_engines(
         shared_redis_server.url, count=1, cohort_collection_timeout_s=0.2, clock=harness_time
     ) as (engine,):
-        real = Engine._collection_expired
+        real = _Step.apply
 
-        def broken_for_g(tx: Transaction[Any]) -> None:
-            if tx.loaded is not None and tx.loaded.group_id == "g":
+        def broken_for_g(self: _Step, event: Any, before_each: Any = None) -> None:
+            if isinstance(event, CollectionDue) and self.group.ref == "e:g":
                 raise ValueError("a defect in the deadline step")
-            real(tx)
+            real(self, event, before_each)
 
-        engine._collection_expired = broken_for_g  # type: ignore[method-assign]
+        monkeypatch.setattr(_Step, "apply", broken_for_g)
         with caplog.at_level(logging.ERROR, logger="genrm_trio"):
             results: dict[str, Any] = {}
 
@@ -109,7 +111,7 @@ async def test_a_defect_in_one_groups_sweep_fails_that_group_and_spares_the_othe
         assert isinstance(expired, Rejected) and "did not collect" in expired.detail
         assert any("ref='e:g'" in r.getMessage() for r in caplog.records), caplog.text
         # The engine lives on and serves a new group.
-        engine._collection_expired = real  # type: ignore[method-assign]
+        monkeypatch.setattr(_Step, "apply", real)
         async with trio.open_nursery() as nursery:
             scored: list[Any] = []
 
@@ -127,7 +129,7 @@ async def test_a_defect_in_the_sweep_or_the_listener_does_not_end_the_engine(
     async with shared_engines(shared_redis_server.url, count=1, num_rollouts_per_prompt=2) as (
         engine,
     ):
-        real = engine.store.finished_records
+        real = engine.store.ended_records
         failures = 0
 
         async def flaky(rids: list[str]) -> Any:
@@ -137,7 +139,7 @@ async def test_a_defect_in_the_sweep_or_the_listener_does_not_end_the_engine(
                 raise ValueError("a defect while polling outcomes")
             return await real(rids)
 
-        engine.store.finished_records = flaky  # type: ignore[method-assign]
+        engine.store.ended_records = flaky  # type: ignore[method-assign]
         with caplog.at_level(logging.ERROR, logger="genrm_trio"):
             while failures < 3:  # noqa: ASYNC110
                 await trio.sleep(0.05)

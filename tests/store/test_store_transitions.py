@@ -6,28 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 from genrm_trio.config import Config
-from genrm_trio.core.groups import (
-    Arrival,
-    GroupInputs,
-    Masked,
-    Member,
-    MemberTexts,
-    Phase,
-    Record,
-    Scored,
-    Wait,
-    Watermark,
-)
+from genrm_trio.core.arrivals import Arrival
 from genrm_trio.core.identity import ResponseIdentity, same_response
+from genrm_trio.core.outcomes import Masked, Scored
+from genrm_trio.core.records import GroupInputs, Member, MemberTexts, Phase, Record, Watermark
+from genrm_trio.core.transition import Arrive, Decision, Event, Finish, Wait
 from genrm_trio.core.verdicts import Verdict
 from genrm_trio.store.records import (
-    StoreMeta,
     decode_record,
     decode_watermark,
     encode_record,
     encode_watermark,
 )
-from genrm_trio.store.redis_store import RedisGroupStore, Transaction
+from genrm_trio.store.redis_store import RedisGroupStore
 from genrm_trio.store.resp import StoreAddress, encode_command
 
 CONFIG = Config(
@@ -44,12 +35,20 @@ def store() -> RedisGroupStore:
     return RedisGroupStore(CONFIG, StoreAddress.parse("redis://127.0.0.1:1/0"), "p:", 5.0)
 
 
-def arrival(slot: int, response: bytes, a: int = 0) -> Arrival:
-    def prepare(first: bool) -> tuple[MemberTexts, GroupInputs | None]:
-        inputs = GroupInputs([{"role": "user", "content": "q"}], "be fair", None, None)
-        return MemberTexts(f"why-{slot}", f"answer-{slot}"), inputs if first else None
+class Source:
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
 
-    return Arrival("g", a, slot, None, None, "digest", ResponseIdentity(response), prepare)
+    def texts(self) -> MemberTexts:
+        return MemberTexts(f"why-{self.slot}", f"answer-{self.slot}")
+
+    def inputs(self) -> GroupInputs:
+        return GroupInputs([{"role": "user", "content": "q"}], "be fair", None, None)
+
+
+def arrive(slot: int, response: bytes, a: int = 0) -> Arrive:
+    identity = ResponseIdentity(response)
+    return Arrive([Arrival("g", a, slot, None, None, "digest", identity, Source(slot))])
 
 
 def run(
@@ -57,9 +56,9 @@ def run(
     record: bytes | None,
     mark: bytes | None,
     now: float,
-    step: Any,
-) -> tuple[Transaction[Any], list[list[Any]]]:
-    return s._run_step("e:g", "g", None, record, mark, now, step)
+    event: Event,
+) -> tuple[Decision, list[list[Any]]]:
+    return s._run("e:g", record, mark, now, event)
 
 
 def written(writes: list[list[Any]], command: str, key: str) -> list[Any] | None:
@@ -76,7 +75,7 @@ def test_a_new_group_round_trips_through_the_codec() -> None:
         None,
         None,
         1000.0,
-        lambda tx: tx.registry.arrive(arrival(0, b'{"a":1}'), tx.now, lambda: None),
+        arrive(0, b'{"a":1}'),
     )
     first = written(writes, "SET", "p:r:e:g")
     assert first is not None
@@ -85,8 +84,7 @@ def test_a_new_group_round_trips_through_the_codec() -> None:
     member = record.members[0]
     assert member.texts == MemberTexts("why-0", "answer-0")
     assert record.inputs == GroupInputs([{"role": "user", "content": "q"}], "be fair", None, None)
-    assert isinstance(record.meta, StoreMeta)
-    assert record.meta.collection_due == 1030.0 and record.meta.lease_until is None
+    assert record.collection_due == 1030.0 and record.lease_until is None
     # The member is known again by the same bytes and by a different spelling of the same JSON.
     assert same_response(member.fingerprint, ResponseIdentity(b'{"a":1}'))
     assert same_response(member.fingerprint, ResponseIdentity(b'{ "a" : 1 }'))
@@ -105,36 +103,29 @@ def test_filling_the_group_claims_its_evaluation_in_the_same_transaction() -> No
         None,
         None,
         1000.0,
-        lambda tx: tx.registry.arrive(arrival(0, b'{"a":1}'), tx.now, lambda: None),
+        arrive(0, b'{"a":1}'),
     )
     stored = written(writes, "SET", "p:r:e:g")
     mark = written(writes, "SET", "p:w:g")
     assert stored is not None and mark is not None
-    tx, writes = run(
+    decision, writes = run(
         s,
         stored[2],
         mark[2],
         1001.0,
-        lambda tx: tx.registry.arrive(arrival(1, b'{"a":2}'), tx.now, lambda: None),
+        arrive(1, b'{"a":2}'),
     )
-    assert isinstance(tx.result.reply, Wait)
-    assert tx.claimed is not None
-    meta = tx.claimed.meta
-    assert isinstance(meta, StoreMeta)
-    assert (meta.fence, meta.lease_until, meta.evaluation_due) == (1, 1006.0, 1061.0)
+    assert isinstance(decision.replies[0], Wait)
+    assert decision.claim is not None and decision.claim.work.fence == 1
+    claimed = decode_record(written(writes, "SET", "p:r:e:g")[2])
+    assert (claimed.fence, claimed.lease_until, claimed.evaluation_due) == (1, 1006.0, 1061.0)
     assert ["ZADD", "p:leases", 1006.0, "e:g"] in writes
     assert ["ZREM", "p:collection-due", "e:g"] in writes
     # A duplicate of a member changes nothing in the store (its waiter stays local).
     again = written(writes, "SET", "p:r:e:g")
     assert again is not None
-    tx, nothing = run(
-        s,
-        again[2],
-        mark[2],
-        1002.0,
-        lambda tx: tx.registry.arrive(arrival(0, b'{"a":1}'), tx.now, lambda: None),
-    )
-    assert isinstance(tx.result.reply, Wait) and nothing == []
+    decision, nothing = run(s, again[2], mark[2], 1002.0, arrive(0, b'{"a":1}'))
+    assert isinstance(decision.replies[0], Wait) and nothing == []
 
 
 def test_publication_writes_the_outcome_key_and_the_notification() -> None:
@@ -144,29 +135,21 @@ def test_publication_writes_the_outcome_key_and_the_notification() -> None:
         None,
         None,
         1000.0,
-        lambda tx: tx.registry.arrive(arrival(0, b'{"a":1}'), tx.now, lambda: None),
+        arrive(0, b'{"a":1}'),
     )
     mark = written(writes, "SET", "p:w:g")
     stored = written(writes, "SET", "p:r:e:g")
     assert stored is not None and mark is not None
-    tx, writes = run(
-        s,
-        stored[2],
-        mark[2],
-        1001.0,
-        lambda tx: tx.registry.arrive(arrival(1, b'{"a":2}'), tx.now, lambda: None),
-    )
+    decision, writes = run(s, stored[2], mark[2], 1001.0, arrive(1, b'{"a":2}'))
     stored = written(writes, "SET", "p:r:e:g")
     assert stored is not None and written(writes, "SET", "p:w:g") is None  # unchanged
-
-    def finish(tx: Transaction[Any]) -> None:
-        assert tx.loaded is not None
-        verdicts = {0: Verdict(8.0, 2.0, None), 1: Verdict(8.0, 2.0, None)}
-        tx.registry.finish_evaluation(tx.loaded, verdicts, tx.now)
-
-    tx, writes = run(s, stored[2], mark[2], 1003.0, finish)
-    assert tx.finished is not None
-    rid = tx.finished.meta.rid  # type: ignore[union-attr]
+    assert decision.claim is not None
+    rid, fence = decision.claim.work.rid, decision.claim.work.fence
+    verdicts = {0: Verdict(8.0, 2.0, None), 1: Verdict(8.0, 2.0, None)}
+    decision, writes = run(
+        s, stored[2], mark[2], 1003.0, Finish(rid, fence, verdicts, {}, 2, False)
+    )
+    assert [f.ended.rid for f in decision.finished] == [rid]
     record_write = written(writes, "SET", "p:r:e:g")
     assert record_write is not None and record_write[3:] == ["PXAT", 1013000]
     done = decode_record(record_write[2])
@@ -174,7 +157,7 @@ def test_publication_writes_the_outcome_key_and_the_notification() -> None:
     assert all(m.texts is None for m in done.members.values()) and done.inputs is None
     assert all(isinstance(m.outcome, Scored) for m in done.members.values())
     # The group metrics are kept once and come back on every scored row.
-    metrics = [m.outcome.metrics for m in done.members.values()]  # type: ignore[union-attr]
+    metrics = [m.outcome.metrics for m in done.members.values()]
     assert metrics[0] == metrics[1] and metrics[0] is not None
     assert metrics[0]["genrm_failed_comparison_rate_per_group"] == 0.0
     assert written(writes, "SET", f"p:o:{rid}") is not None
@@ -182,16 +165,15 @@ def test_publication_writes_the_outcome_key_and_the_notification() -> None:
     assert ["ZADD", "p:terminal", 1003.0, "e:g"] in writes
     assert ["ZADD", "p:idle", 1003.0, "g"] in writes
     # The finished record no longer needs the original bytes: a replay compares digests.
-    assert done.members[0].fingerprint.settled  # type: ignore[union-attr]
+    assert done.members[0].fingerprint.settled
 
 
 def _finished_record(placeholder: float) -> Record:
-    record = Record("k", "g", 0, "digest", None, 2, 1.0, phase=Phase.COMPLETED)
+    record = Record("rid", "k", "g", 0, "digest", None, 2, 1.0, 31.0, phase=Phase.COMPLETED)
     fingerprint = ResponseIdentity.settled_from(b"d" * 32, b"c" * 32)
-    record.members[0] = Member(0, fingerprint, None, [], Scored(4.0, {"m": 1.0}))
-    record.members[1] = Member(1, fingerprint, None, [], Masked("lost", "", placeholder))
+    record.members[0] = Member(0, fingerprint, None, Scored(4.0, {"m": 1.0}))
+    record.members[1] = Member(1, fingerprint, None, Masked("lost", "", placeholder))
     record.terminal_time = 2.0
-    record.meta = StoreMeta("rid", 31.0)
     return record
 
 

@@ -10,7 +10,7 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from genrm_trio.core.groups import Outcome, Rejected, Scored
+from genrm_trio.core.outcomes import Outcome, Rejected, Scored
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.store.redis_store import check_store_invariants
 from genrm_trio.testing._shared_store import harness_time, shared_engines
@@ -80,7 +80,7 @@ async def test_survivors_racing_for_expired_groups_take_each_over_once(
                 row = await verify(engine, member(slot, 1 + (g + slot) % 5, g=f"g{g}"))
                 assert isinstance(row, Scored) and row.reward == 1 + (g + slot) % 5
         assert judge.stats()["requests_total"] == 2 * GROUPS
-        await check_store_invariants(b.store, b.config)
+        await check_store_invariants(b.store)
         taken = [r for r in caplog.records if r.getMessage().startswith(TAKEN_OVER)]
         assert len(taken) == GROUPS
 
@@ -111,4 +111,4 @@ async def test_a_process_judging_more_than_its_share_offers_the_groups_it_fills(
         assert a.claims + b.claims == GROUPS
         assert judge.stats()["requests_total"] == 2 * GROUPS
         assert not [r for r in caplog.records if r.getMessage().startswith(TAKEN_OVER)]
-        await check_store_invariants(a.store, a.config)
+        await check_store_invariants(a.store)

@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from genrm_trio.config import Config
-from genrm_trio.core.groups import Masked, Outcome, Rejected, Scored
+from genrm_trio.core.outcomes import Masked, Outcome, Rejected, Scored
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.store.group_store import GroupStore
@@ -66,9 +66,9 @@ def seen_reply(reply: Reply) -> Seen:
 
 async def engine_outcome(engine: Engine, body: dict[str, Any]) -> Outcome:
     """``Engine.verify``'s outcome for ``body``, its reply taken as written at once."""
-    verified = await engine.verify(parse_verify_body(msgspec.json.encode(body), engine.config))
-    verified.reply_sent()
-    return verified.outcome
+    request = parse_verify_body(msgspec.json.encode(body), engine.config)
+    async with engine.verify(request) as verified:
+        return verified.outcome
 
 
 class EngineDriver:
@@ -82,14 +82,12 @@ class EngineDriver:
         hooks: list[Hooks],
         nursery: trio.Nursery,
         new_store: Callable[[], GroupStore],
-        poll_s: float = 1.0,
     ) -> None:
         self.config = config
         self.judge = judge
         self.hooks = hooks
         self.nursery = nursery
         self.new_store = new_store
-        self.poll_s = poll_s
         self.engines: list[Engine] = []
         self._scopes: list[trio.CancelScope] = []
         self._gone: list[trio.Event] = []
@@ -104,7 +102,6 @@ class EngineDriver:
             self.new_store(),
             judge_transport=self.judge.transport(),
             hooks=self.hooks[index],
-            poll_s=self.poll_s,
         )
         scope, gone = trio.CancelScope(), trio.Event()
 
@@ -171,8 +168,7 @@ class SharedDriver(EngineDriver):
     ) -> None:
         self.url = url
         self.prefix = f"scenario:{uuid.uuid4().hex[:12]}:"
-        # poll_s: no sweep of its own; the runner sweeps at the instants it picks.
-        super().__init__(config, judge, hooks, nursery, self._store, poll_s=math.inf)
+        super().__init__(config, judge, hooks, nursery, self._store)
         self.stores: list[RedisGroupStore] = []  # each engine's, by index
         self.store = self._store()  # the checks' own connections
 
@@ -183,6 +179,8 @@ class SharedDriver(EngineDriver):
             self.prefix,
             LEASE_S,
             clock=lambda: STORE_EPOCH + trio.current_time(),
+            # No sweep of its own: the runner sweeps at the instants it picks.
+            poll_s=math.inf,
         )
 
     async def start(self, index: int) -> None:
@@ -204,7 +202,7 @@ class SharedDriver(EngineDriver):
         (its notification is on its way, or lost)."""
         late = []
         for index, engine in enumerate(self.engines):
-            if await self.stores[index].finished_records(engine.watched_records()):
+            if await self.stores[index].ended_records(engine.watched_records()):
                 late.append(index)
         return late
 

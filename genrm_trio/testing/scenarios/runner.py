@@ -17,9 +17,10 @@ from typing import Any
 import trio
 import trio.testing
 
-from genrm_trio.core.groups import GroupRegistry
+from genrm_trio.core.statistics import Statistics
+from genrm_trio.core.transition import Group
 from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.store.group_store import find_record
+from genrm_trio.store.memory_store import MemoryGroupStore
 from genrm_trio.store.redis_store import check_store_invariants
 from genrm_trio.testing import _invariants as invariants
 from genrm_trio.testing._invariants import Seen, Violation, _registry_label
@@ -157,7 +158,7 @@ class _Runner:
         self.reported_instrument = 0
         self.prune_visits = 0
         self._driver: Driver | None = None
-        self.registry: GroupRegistry | None = None  # shared mode: the store, as last loaded
+        self.groups: dict[str, Group] | None = None  # shared mode: the store, as last loaded
         self._nursery: trio.Nursery | None = None
 
     def _install(self, fault: Fault) -> None:
@@ -414,10 +415,17 @@ class _Runner:
         engine, model = self.driver.engine, self.model
         shared = self.shared
         if shared is None:
+            store = engine.store
+            assert isinstance(store, MemoryGroupStore)
             found += invariants.registry_violations(engine, step)
-            found += invariants.publication_violations(engine.registry, step)
+            groups = list(store.groups())
+            found += invariants.publication_violations(
+                [g.record for g in groups if g.record is not None], step
+            )
             found += invariants.retention_violations(
-                engine.registry,
+                groups,
+                store.idle_order(),
+                [record.key for record in store.terminal_order()],
                 {gid: mark[0] for gid, mark in model.watermarks.items()},
                 list(model.idle),
                 [record.key for _, record in model.terminal.values()],
@@ -447,8 +455,8 @@ class _Runner:
                 self.prune_visits, stats.prune_visits, model.removed, model.prunes, step
             )
             self.prune_visits = stats.prune_visits
-        elif self.registry is not None:
-            found += self._shared_statistics_violations(shared, self.registry, step)
+        elif self.groups is not None:
+            found += self._shared_statistics_violations(shared, self.groups, step)
         changed = self.ledger.update(self.judge) | model.changed_calls
         found += invariants.judge_call_violations(self.ledger.counts, model.calls, changed, step)
         found += invariants.in_flight_violations(self.judge, model.in_flight(), step)
@@ -462,29 +470,30 @@ class _Runner:
         found: list[Violation] = []
         for engine in shared.engines:
             found += invariants.registry_violations(engine, step)
-        self.registry = None
+        self.groups = None
         try:
-            registry = await check_store_invariants(shared.store, self.config)
+            groups = await check_store_invariants(shared.store)
         except AssertionError as exc:
             message = str(exc) or type(exc).__name__
             return [*found, Violation(_registry_label(message), step, message)]
-        self.registry = registry
-        found += invariants.publication_violations(registry, step)
+        self.groups = groups
+        found += invariants.publication_violations(
+            [g.record for g in groups.values() if g.record is not None], step
+        )
         marks, idle, terminal = self.model.retained(self.now)
-        seen_marks = {gid: mark.attempt for gid, mark in registry.watermarks.items()}
-        if seen_marks != marks:
-            found.append(Violation("R-1", step, f"watermarks {seen_marks}, expected {marks}"))
-        seen_idle = await self._live(shared, "idle")
-        if seen_idle != idle:
-            found.append(Violation("R-1", step, f"idle order {seen_idle}, expected {idle}"))
         seen_terminal = []
         for ref in await self._live(shared, "terminal"):
-            record = find_record(registry, ref)
+            record = groups[ref].record if ref in groups else None
             seen_terminal.append(record.key if record is not None else f"<no record {ref}>")
-        if seen_terminal != terminal:
-            found.append(
-                Violation("R-1", step, f"terminal index {seen_terminal}, expected {terminal}")
-            )
+        found += invariants.retention_violations(
+            groups.values(),
+            await self._live(shared, "idle"),
+            seen_terminal,
+            marks,
+            idle,
+            terminal,
+            step,
+        )
         return found
 
     async def _live(self, shared: SharedDriver, name: str) -> list[str]:
@@ -496,15 +505,25 @@ class _Runner:
         return [m.decode() for m, score in pairs if ttl is None or now - float(score) < ttl]
 
     def _shared_statistics_violations(
-        self, shared: SharedDriver, registry: GroupRegistry, step: str
+        self, shared: SharedDriver, groups: dict[str, Group], step: str
     ) -> list[Violation]:
         """Groups by phase and retention from the store; waiters, tasks and judge calls summed
         over the engines. Only a live owner runs a task for an evaluating group."""
         each = [engine.statistics() for engine in shared.engines]
-        actual = registry.statistics(
+        records = [g.record for g in groups.values() if g.record is not None]
+        active = [r for r in records if r.phase.active]
+        collecting = sum(1 for r in active if r.phase.value == "collecting")
+        actual = Statistics(
+            collecting=collecting,
+            evaluating=len(active) - collecting,
+            retained_records=len(records) - len(active),
+            watermarks=sum(1 for g in groups.values() if g.watermark is not None),
+            idle_entries=sum(1 for g in groups.values() if g.idle_since is not None),
+            waiters=sum(s.waiters for s in each),
             owned_tasks=sum(s.owned_tasks for s in each),
             judge_in_flight=sum(s.judge_in_flight for s in each),
-        )._replace(waiters=sum(s.waiters for s in each))
+            prune_visits=0,
+        )
         model = self.model
         marks, idle, terminal = model.retained(self.now)
         expected = model.statistics()
