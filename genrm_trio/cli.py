@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from genrm_trio import __version__
+from genrm_trio._version import __version__
 from genrm_trio.config import Config, ConfigError
 from genrm_trio.gym_config import load_serve_config
 from genrm_trio.logs import configure_logging, startup_lines

@@ -25,7 +25,7 @@ from werkzeug.exceptions import (
     RequestEntityTooLarge,
 )
 
-from genrm_trio import __version__
+from genrm_trio._version import __version__
 from genrm_trio.config import Config, config_from_mapping, config_warnings
 from genrm_trio.core import messages
 from genrm_trio.core.groups import Masked, Outcome, Scored
