@@ -228,8 +228,8 @@ def _timed(run: Callable[[], Awaitable[Run]], clock: trio.abc.Clock | None = Non
 async def _real_clock(setting: Setting, workload: Workload, early: bool, seed: int) -> Run:
     from hypercorn.trio import serve as hypercorn_serve
 
-    from genrm_trio.cli import hypercorn_settings
     from genrm_trio.http.app import create_app
+    from genrm_trio.serve import hypercorn_settings
 
     judge = FakeJudge(seed=seed, latency=setting.judge_latency)
     async with trio.open_nursery() as nursery:
