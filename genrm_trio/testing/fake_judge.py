@@ -35,9 +35,10 @@ import re
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs
 
+from genrm_trio.judge.transport import TransportFactory
 from genrm_trio.testing._fake_judge_replies import (
     CREATED,
     Call,
@@ -64,9 +65,7 @@ from genrm_trio.testing._fake_judge_rules import (
     parse_latency,
     parse_prefix_cache,
 )
-
-if TYPE_CHECKING:
-    from genrm_trio.judge.transport import TransportFactory
+from genrm_trio.testing.memory_transport import memory_transport
 
 __all__ = [
     "ACTIONS",
@@ -303,8 +302,6 @@ class FakeJudge:
     def transport(self) -> TransportFactory:
         """The judge client's in-memory transport serving this judge (no sockets): pass it as
         ``JudgeClient(config, transport=...)`` or as a server's ``judge_transport``."""
-        from genrm_trio.testing.memory_transport import memory_transport
-
         return memory_transport(self)
 
     # -- request handling ----------------------------------------------------------------
