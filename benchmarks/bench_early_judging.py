@@ -45,8 +45,7 @@ import trio
 import trio.testing
 
 from genrm_trio.config import config_from_mapping
-from genrm_trio.testing.fake_judge import FakeJudge
-from genrm_trio.testing.fake_judge_http import serve_fake_judge
+from genrm_trio.testing import FakeJudge, serve_fake_judge
 from genrm_trio.testing.harness import member, running_server
 
 GROUP_SIZE = 16

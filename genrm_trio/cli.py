@@ -13,11 +13,10 @@ from collections.abc import Sequence
 
 from genrm_trio._version import __version__
 from genrm_trio.config import ConfigError
+from genrm_trio.fakes import judge_command, policy_command
 from genrm_trio.gym_config import load_serve_config
 from genrm_trio.logs import configure_logging
 from genrm_trio.serve import run_serve
-from genrm_trio.testing import _fake_judge_cli as fake_judge_cli
-from genrm_trio.testing import _fake_policy_cli as fake_policy_cli
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     judge = commands.add_parser("fake-judge", help="serve the built-in fake judge")
-    fake_judge_cli.add_arguments(judge)
+    judge_command.add_arguments(judge)
 
     demo = commands.add_parser("demo", help="judge built-in groups on the fake judge")
     demo.add_argument("--seed", type=int, default=0)
@@ -63,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     add_collect_arguments(collect)
 
     policy = commands.add_parser("fake-policy", help="serve the built-in fake policy")
-    fake_policy_cli.add_arguments(policy)
+    policy_command.add_arguments(policy)
     return parser
 
 
@@ -72,13 +71,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         return _serve_command(args)
     if args.command == "fake-judge":
-        return fake_judge_cli.run(args)
+        return judge_command.run(args)
     if args.command == "collect":
         from genrm_trio.collect import command as collect_command
 
         return collect_command.run(args)
     if args.command == "fake-policy":
-        return fake_policy_cli.run(args)
+        return policy_command.run(args)
     from genrm_trio.demo import run_demo
 
     configure_logging("ERROR")

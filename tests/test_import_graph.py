@@ -1,4 +1,5 @@
-"""The package's import graph, read from the source: no import cycles.
+"""The package's import graph, read from the source: no import cycles, and a command line whose
+imports reach no test-support module.
 
 Every import of a genrm_trio module counts, at module level or inside a function (a function's
 import runs too, later), with one exception: imports under ``if TYPE_CHECKING:``, which never
@@ -13,6 +14,8 @@ import ast
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "genrm_trio"
@@ -201,6 +204,19 @@ def closure(graph: dict[str, list[Edge]], start: str) -> set[str]:
 def test_the_package_has_no_import_cycle() -> None:
     found = cycles(import_graph(PACKAGE))
     assert not found, "import cycles:\n" + "\n".join(found)
+
+
+COMMAND_LINE = ("genrm_trio.cli", "genrm_trio.workers", "genrm_trio.gym_server")
+
+
+@pytest.mark.parametrize("entry", COMMAND_LINE)
+def test_the_command_line_imports_no_test_support(entry: str) -> None:
+    # serve, demo, fake-judge, fake-policy and collect ship with the server; the test harness
+    # (genrm_trio.testing, its private modules above all) is not part of it.
+    graph = import_graph(PACKAGE)
+    reached = sorted(m for m in closure(graph, entry) if m.startswith("genrm_trio.testing"))
+    chains = [describe(entry, shortest_path(graph, entry, m) or []) for m in reached]
+    assert not chains, f"{entry} reaches the test harness:\n" + "\n".join(chains)
 
 
 def write_package(root: Path, files: dict[str, str]) -> Path:

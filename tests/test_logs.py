@@ -19,8 +19,8 @@ import trio
 from genrm_trio.config import config_from_mapping
 from genrm_trio.logs import LogLineFormatter, configure_logging, startup_lines
 from genrm_trio.runtime.hooks import Hooks
+from genrm_trio.testing import FakeJudge, pair_rule
 from genrm_trio.testing._shared_store import shared_engines
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member, running_server
 from genrm_trio.testing.redis_server import RedisServer
 from genrm_trio.testing.scenarios.drivers import engine_outcome as verify

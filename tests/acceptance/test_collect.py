@@ -18,7 +18,7 @@ from genrm_trio.core.aggregation import aggregate
 from genrm_trio.core.pairs import plan_comparisons
 from genrm_trio.core.texts import extract_scoring_text
 from genrm_trio.core.verdicts import Verdict
-from genrm_trio.testing.fake_judge import quality, verdict_for_qualities
+from genrm_trio.fakes.judge import quality, verdict_for_qualities
 
 N = 8
 OUTAGE_QUALITY = "2.5"  # every answer of the outage task carries [[q=2.5]]

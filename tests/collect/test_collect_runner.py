@@ -25,8 +25,8 @@ from genrm_trio.collect.rows import (
 from genrm_trio.collect.runner import Clients, GroupRunner, Sinks, prometheus_total
 from genrm_trio.core.run_metrics import summarize_rows
 from genrm_trio.core.texts import extract_scoring_text
-from genrm_trio.testing._fake_policy import FakePolicy, FakePolicyApp
-from genrm_trio.testing.fake_judge import FakeJudge
+from genrm_trio.fakes.policy import FakePolicy, FakePolicyApp
+from genrm_trio.testing import FakeJudge
 from genrm_trio.testing.harness import Server, running_server
 
 N = 4

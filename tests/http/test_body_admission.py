@@ -20,7 +20,7 @@ from genrm_trio.http.app import GenRMApp, create_app
 from genrm_trio.http.receiving import SPOOL_SLOTS
 from genrm_trio.http.serving import ConnectionGate, serve_app
 from genrm_trio.serve import hypercorn_settings
-from genrm_trio.testing.fake_judge import FakeJudge
+from genrm_trio.testing import FakeJudge
 from genrm_trio.testing.harness import SCENARIO_DEFAULTS, member, running_server
 
 GROUP = 4

@@ -11,7 +11,7 @@ import trio
 
 from genrm_trio.core.run_metrics import summarize_rows
 from genrm_trio.http.gym_endpoints import aggregate_metrics, counts
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
+from genrm_trio.testing import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member, running_server
 
 GYM_REPLY_KEYS = {

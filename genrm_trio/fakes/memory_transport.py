@@ -2,7 +2,7 @@
 
 No sockets and no framing, but the same seam, the same failures and the same keep-alive
 bookkeeping as the network transport, so that tests under a mock clock run the client's real
-attempt loop. A :class:`~genrm_trio.testing.fake_judge.FakeJudge` decides each reply; this
+attempt loop. A :class:`~genrm_trio.fakes.judge.FakeJudge` decides each reply; this
 module carries it out:
 
 =================  ===========================================================================
@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 import trio
 
+from genrm_trio.fakes._judge_replies import FakeReply
 from genrm_trio.judge.transport import (
     CLOSED_BEFORE_REPLY,
     JudgeEndpoint,
@@ -44,7 +45,6 @@ from genrm_trio.judge.transport import (
     TransportStatistics,
     closed_in_body,
 )
-from genrm_trio.testing._fake_judge_replies import FakeReply
 
 __all__ = ["BodyReply", "JudgeCore", "MemoryTransport", "memory_transport"]
 
