@@ -53,7 +53,6 @@ from genrm_trio.http.verify_route import VerifyRoute
 from genrm_trio.http.whole_groups import (
     GROUP_ROUTE,
     first_rejection,
-    parse_group_body,
     render_group_reply,
     run_members,
 )
@@ -64,6 +63,7 @@ from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.runtime.stores import build_engine
 from genrm_trio.wire.bodies import BadRequest
+from genrm_trio.wire.group_bodies import parse_group_body
 from genrm_trio.wire.parsing import body_too_large, parse_compare_body
 from genrm_trio.wire.rendering import error_body, render_compare_reply, render_healthz
 
