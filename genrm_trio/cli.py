@@ -21,7 +21,7 @@ from genrm_trio.serve import run_serve
 
 def _parser() -> argparse.ArgumentParser:
     # The collector's own modules (and tqdm) load only when `collect` runs.
-    from genrm_trio.collect.arguments import add_arguments as add_collect_arguments
+    from genrm_trio.collect import add_arguments as add_collect_arguments
 
     parser = argparse.ArgumentParser(prog="genrm-trio", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"genrm-trio {__version__}")
@@ -73,9 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "fake-judge":
         return judge_command.run(args)
     if args.command == "collect":
-        from genrm_trio.collect import command as collect_command
+        from genrm_trio.collect import run as run_collect
 
-        return collect_command.run(args)
+        return run_collect(args)
     if args.command == "fake-policy":
         return policy_command.run(args)
     from genrm_trio.demo import run_demo
