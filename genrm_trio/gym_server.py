@@ -19,8 +19,7 @@ from typing import Any
 
 import yaml
 
-from genrm_trio.config import Config, ConfigError
-from genrm_trio.config.loading import parse_yaml
+from genrm_trio.config import Config, ConfigError, parse_yaml
 from genrm_trio.gym_config import GymTranslation, config_from_gym
 from genrm_trio.serve import run_serve
 
