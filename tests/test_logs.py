@@ -305,7 +305,7 @@ def logged_texts() -> list[tuple[str, list[str]]]:
                     if isinstance(v, ast.Constant) and isinstance(v.value, str)
                 ]
             else:
-                continue  # a text built elsewhere (core/messages.py, judge/attempts.py)
+                continue  # a text built elsewhere (core/messages.py, judge/_attempts.py)
             where = f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
             # The table shows how each message starts: its first words of any length.
             found.append((where, [part for part in parts if len(part.strip()) >= 6][:1]))

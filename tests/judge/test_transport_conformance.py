@@ -31,8 +31,8 @@ import trio.testing
 
 from genrm_trio.fakes.judge import ACTIONS, FakeJudge, FakeReply, parse_latency
 from genrm_trio.fakes.memory_transport import BodyReply, MemoryTransport
+from genrm_trio.judge._requests import judge_headers
 from genrm_trio.judge.http11 import Http11Transport
-from genrm_trio.judge.requests import judge_headers
 from genrm_trio.judge.transport import (
     CLOSED_BEFORE_REPLY,
     CLOSED_IN_CHUNKED_BODY,
