@@ -16,7 +16,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from genrm_trio.config import Config
-from genrm_trio.wire import json_scan
+from genrm_trio.wire import _json_scan
 from genrm_trio.wire.bodies import INT64_MAX, BadRequest, VerifyRequest
 from genrm_trio.wire.parsing import parse_verify_body, split_members
 from genrm_trio.wire.schema import (
@@ -142,7 +142,7 @@ def _raw_items(raw: bytes) -> list[bytes] | None:
     except msgspec.DecodeError:
         # Non-standard literals (NaN, Infinity) are allowed inside a response, as in /verify.
         try:
-            value = json_scan.decode_value(raw)
+            value = _json_scan.decode_value(raw)
         except ValueError:
             return None
         if not isinstance(value, list):
@@ -153,7 +153,7 @@ def _raw_items(raw: bytes) -> list[bytes] | None:
     return items
 
 
-def _kind(body: bytes, member: json_scan.Member) -> str:
+def _kind(body: bytes, member: _json_scan.Member) -> str:
     first = body[member.value_start : member.value_start + 1]
     return {b"{": "an object", b'"': "a string", b"n": "null", b"t": "a boolean"}.get(
         first, "an array with an element that is not an object" if first == b"[" else "a number"

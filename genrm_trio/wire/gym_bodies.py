@@ -14,7 +14,7 @@ from genrm_trio.core.gym_metrics import ROLLOUT_KEY as ROLLOUT_INDEX_KEY
 from genrm_trio.core.gym_metrics import TASK_KEY as TASK_INDEX_KEY
 from genrm_trio.core.gym_metrics import gym_aggregate
 from genrm_trio.core.run_metrics import RunMetrics, summarize_rows
-from genrm_trio.wire import json_scan
+from genrm_trio.wire import _json_scan
 from genrm_trio.wire.bodies import BadRequest, json_kind
 from genrm_trio.wire.parsing import split_members
 
@@ -83,11 +83,11 @@ _SESSION_ID_EXPECTED: Final = "a non-empty string"
 REVERIFY_MODE: Final = "unsupported"
 
 
-def _members(body: bytes, decode: frozenset[str]) -> dict[str, json_scan.Member]:
+def _members(body: bytes, decode: frozenset[str]) -> dict[str, _json_scan.Member]:
     return split_members(body, decode)[0]
 
 
-def _session_id(member: json_scan.Member | None) -> str | None:
+def _session_id(member: _json_scan.Member | None) -> str | None:
     if member is None:
         return None
     value = member.value
