@@ -1,5 +1,5 @@
-"""The package's import graph, read from the source: no import cycles, and a command line whose
-imports reach no test-support module.
+"""The package's import graph, read from the source: no import cycles, no module reaching into
+another package's private modules, and a command line whose imports reach no test-support module.
 
 Every import of a genrm_trio module counts, at module level or inside a function (a function's
 import runs too, later), with one exception: imports under ``if TYPE_CHECKING:``, which never
@@ -204,6 +204,29 @@ def closure(graph: dict[str, list[Edge]], start: str) -> set[str]:
 def test_the_package_has_no_import_cycle() -> None:
     found = cycles(import_graph(PACKAGE))
     assert not found, "import cycles:\n" + "\n".join(found)
+
+
+def private_owner(module: str) -> str | None:
+    """The package a private module belongs to (``a.b`` for ``a.b._c`` or ``a.b._c.d``), or None
+    for a public module."""
+    parts = module.split(".")
+    for index, part in enumerate(parts[1:], start=1):
+        if part.startswith("_"):
+            return ".".join(parts[:index])
+    return None
+
+
+def test_no_module_imports_another_package_s_private_module() -> None:
+    graph = import_graph(PACKAGE)
+    found = [
+        f"{name} -> {edge.target} ({edge.where})"
+        for name, edges in graph.items()
+        for edge in edges
+        if (owner := private_owner(edge.target)) is not None
+        and name != owner
+        and not name.startswith(owner + ".")
+    ]
+    assert not found, "private modules imported from outside their package:\n" + "\n".join(found)
 
 
 COMMAND_LINE = ("genrm_trio.cli", "genrm_trio.workers", "genrm_trio.gym_server")
