@@ -45,8 +45,7 @@ import trio
 import trio.testing
 
 from genrm_trio.config import config_from_mapping
-from genrm_trio.testing.fake_judge import FakeJudge
-from genrm_trio.testing.fake_judge_http import serve_fake_judge
+from genrm_trio.testing import FakeJudge, serve_fake_judge
 from genrm_trio.testing.harness import member, running_server
 
 GROUP_SIZE = 16
@@ -228,8 +227,8 @@ def _timed(run: Callable[[], Awaitable[Run]], clock: trio.abc.Clock | None = Non
 async def _real_clock(setting: Setting, workload: Workload, early: bool, seed: int) -> Run:
     from hypercorn.trio import serve as hypercorn_serve
 
-    from genrm_trio.cli import hypercorn_settings
     from genrm_trio.http.app import create_app
+    from genrm_trio.serve import hypercorn_settings
 
     judge = FakeJudge(seed=seed, latency=setting.judge_latency)
     async with trio.open_nursery() as nursery:

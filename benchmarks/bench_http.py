@@ -76,8 +76,9 @@ def serve_echo(kind: str) -> None:
     from quart import Response, request
     from quart_trio import QuartTrio
 
-    from genrm_trio.cli import hypercorn_settings, prepare_collector
     from genrm_trio.config import Config
+    from genrm_trio.process_tuning import prepare_collector
+    from genrm_trio.serve import hypercorn_settings
 
     decoder = msgspec.json.Decoder()
     encoder = msgspec.json.Encoder()

@@ -44,12 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_line
 
+from genrm_trio.fakes.memory_transport import MemoryTransport
 from genrm_trio.http.app import GenRMApp, create_app
 from genrm_trio.judge.transport import JudgeEndpoint, JudgeTransport
-from genrm_trio.testing.fake_judge import FakeJudge
-from genrm_trio.testing.fake_judge_http import serve_fake_judge
+from genrm_trio.testing import FakeJudge, serve_fake_judge
 from genrm_trio.testing.harness import member
-from genrm_trio.testing.memory_transport import MemoryTransport
 
 GROUP_SIZE = 8
 NO_DEADLINE_S = 1_000_000.0

@@ -10,7 +10,7 @@ comparison between the placeholders holds. The figures repeat for a given seed, 
 machine.
 
 Each group: N drawn from 4 to 16; every rollout gets a true quality drawn from [1, 5]; each
-comparison's verdict is the fake judge's rule (testing/fake_judge.py, CL-13) on the two
+comparison's verdict is the fake judge's rule (fakes/judge.py, CL-13) on the two
 qualities plus Gaussian noise (sd `--noise`), rounded to whole scores. A masked share is drawn
 from [0, 50%] and comparisons fail at random until at least that share of rollouts is masked
 (M-2); a draw that masks more than half the group is drawn again. The scored rows' rewards are
@@ -51,7 +51,7 @@ from genrm_trio.config import Config, config_from_mapping
 from genrm_trio.core.pairs import plan_comparisons
 from genrm_trio.core.scoring import masked_reward_placeholder, masked_slots, score_group
 from genrm_trio.core.verdicts import Verdict
-from genrm_trio.testing.fake_judge import verdict_for_qualities
+from genrm_trio.fakes.judge import verdict_for_qualities
 
 EPSILON = 1e-6
 # An advantage this close to zero has no sign: rewards are sums of halves and quarters, but the

@@ -47,7 +47,7 @@ import trio.testing
 from genrm_trio.config import Config
 from genrm_trio.core.outcomes import Scored
 from genrm_trio.runtime.engine import Engine
-from genrm_trio.testing.fake_judge import FakeJudge
+from genrm_trio.testing import FakeJudge
 from genrm_trio.wire.bodies import VerifyRequest
 from genrm_trio.wire.parsing import parse_verify_body
 

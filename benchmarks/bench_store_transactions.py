@@ -27,8 +27,8 @@ from typing import Any
 import trio
 
 from genrm_trio.runtime.engine import Engine
+from genrm_trio.testing import FakeJudge
 from genrm_trio.testing._shared_store import PREFIX, shared_config, shared_engines
-from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
 from genrm_trio.testing.scenarios.drivers import engine_outcome

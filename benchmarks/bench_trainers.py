@@ -73,8 +73,8 @@ from bench_burst import Result as BurstResult
 from bench_burst import aiohttp, burst, expected_reward, raise_own_file_limit, step_bodies
 
 from genrm_trio.client import GenRMClient
-from genrm_trio.client.bodies import group_body
-from genrm_trio.config.schema import Config
+from genrm_trio.client._bodies import group_body
+from genrm_trio.config import Config
 
 GROUP_SIZE = 16
 PROMPT_TOKENS = 512

@@ -7,39 +7,21 @@ Logs go to stderr; stdout carries only the documented lines. Exit 0 success, 1 r
 from __future__ import annotations
 
 import argparse
-import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-import trio
-
-from genrm_trio import __version__
-from genrm_trio.config import Config, ConfigError
+from genrm_trio._version import __version__
+from genrm_trio.config import ConfigError
+from genrm_trio.fakes import judge_command, policy_command
 from genrm_trio.gym_config import load_serve_config
-from genrm_trio.logs import configure_logging, startup_lines
-from genrm_trio.process_tuning import (
-    REJECTING_CONNECTIONS,
-    prepare_collector,
-    tune_for_serving,
-)
-from genrm_trio.testing import _fake_judge_cli as fake_judge_cli
-from genrm_trio.testing import _fake_policy_cli as fake_policy_cli
-
-if TYPE_CHECKING:
-    from hypercorn.config import Config as HypercornConfig
-
-log = logging.getLogger("genrm_trio")
-
-# How often a worker of `serve --workers` checks that its parent is still there.
-PARENT_POLL_S = 0.5
+from genrm_trio.logs import configure_logging
+from genrm_trio.serve import run_serve
 
 
 def _parser() -> argparse.ArgumentParser:
     # The collector's own modules (and tqdm) load only when `collect` runs.
-    from genrm_trio.collect.arguments import add_arguments as add_collect_arguments
+    from genrm_trio.collect import add_arguments as add_collect_arguments
 
     parser = argparse.ArgumentParser(prog="genrm-trio", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"genrm-trio {__version__}")
@@ -67,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     judge = commands.add_parser("fake-judge", help="serve the built-in fake judge")
-    fake_judge_cli.add_arguments(judge)
+    judge_command.add_arguments(judge)
 
     demo = commands.add_parser("demo", help="judge built-in groups on the fake judge")
     demo.add_argument("--seed", type=int, default=0)
@@ -80,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     add_collect_arguments(collect)
 
     policy = commands.add_parser("fake-policy", help="serve the built-in fake policy")
-    fake_policy_cli.add_arguments(policy)
+    policy_command.add_arguments(policy)
     return parser
 
 
@@ -89,13 +71,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         return _serve_command(args)
     if args.command == "fake-judge":
-        return fake_judge_cli.run(args)
+        return judge_command.run(args)
     if args.command == "collect":
-        from genrm_trio.collect import command as collect_command
+        from genrm_trio.collect import run as run_collect
 
-        return collect_command.run(args)
+        return run_collect(args)
     if args.command == "fake-policy":
-        return fake_policy_cli.run(args)
+        return policy_command.run(args)
     from genrm_trio.demo import run_demo
 
     configure_logging("ERROR")
@@ -124,138 +106,6 @@ def _serve_command(args: argparse.Namespace) -> int:
 
         return run_workers(config, notes)
     return run_serve(config, notes)
-
-
-def run_serve(
-    config: Config,
-    notes: Sequence[str] = (),
-    *,
-    listen_fd: int | None = None,
-    parent_pid: int | None = None,
-) -> int:
-    """Log the startup lines (``notes`` first) and serve until a signal; the exit status.
-    ``listen_fd`` and ``parent_pid``: a worker of `serve --workers` serves the listening socket
-    its parent made and stops when that parent is gone."""
-    configure_logging(config.log_level, config.log_format)
-    for note in notes:
-        log.info(note)
-    for line in startup_lines(config):
-        log.info(line)
-    failure: BaseException | None = None
-    try:
-        trio.run(serve, config, listen_fd, parent_pid)
-    except* OSError as group:
-        # Binding happens inside hypercorn's nursery, so the error arrives wrapped in a group.
-        failure = group
-        while isinstance(failure, BaseExceptionGroup):
-            failure = failure.exceptions[0]
-    if failure is not None:
-        print(
-            f"genrm-trio: cannot serve on {config.host}:{config.port}: {failure}", file=sys.stderr
-        )
-        return 1
-    return 0
-
-
-def hypercorn_settings(config: Config, *, backlog: int | None = None) -> HypercornConfig:
-    """hypercorn's settings for `serve`; the HTTP benchmark's echo ceiling uses them too."""
-    from hypercorn.config import Config as HypercornConfig
-
-    settings = HypercornConfig()
-    settings.bind = [f"{config.host}:{config.port}"]
-    settings.accesslog = None
-    settings.errorlog = None
-    # A trainer posts a whole step on fresh connections at once; connections the kernel cannot
-    # queue are dropped and retried by the client a second or more later (listen_backlog).
-    settings.backlog = config.listen_backlog if backlog is None else backlog
-    # Handlers still running at shutdown get this long; waiting groups were failed first.
-    settings.graceful_timeout = config.shutdown_grace_s
-    # Applies between requests on a connection and before its first request. It must outlast
-    # the clients' own idle expiry (aiohttp in NeMo Gym's agent: 15 s, httpx: 5 s): a server
-    # closing first races the client's next POST on that connection, which then fails. Not
-    # much longer, because an idle connection still holds a descriptor under the connection cap.
-    settings.keep_alive_timeout = 30.0
-    # A /verify waits for its group for seconds to minutes with nothing more to read; hypercorn
-    # applies read_timeout to every read, so any value would cut waiting requests off.
-    settings.read_timeout = None
-    # The limit on a request's head (request line and headers; bodies are streamed). Trainer
-    # heads are a few hundred bytes; 16 KiB keeps a client's oversized head from holding memory.
-    settings.h11_max_incomplete_size = 16 * 1024
-    # Keep-alive clients get `connection: close` after this many requests and reconnect; high
-    # enough that reconnecting costs nothing measurable.
-    settings.keep_alive_max_requests = 1000
-    return settings
-
-
-async def serve(
-    config: Config, listen_fd: int | None = None, parent_pid: int | None = None
-) -> None:
-    """Serve until SIGINT/SIGTERM, then shut down gracefully (CL-4)."""
-    from genrm_trio.http.app import create_app
-    from genrm_trio.http.serving import (
-        ACCEPT_BATCH,
-        WORKER_ACCEPT_BATCH,
-        ConnectionGate,
-        serve_app,
-    )
-
-    tuning = tune_for_serving(config.listen_backlog, config.judge_max_concurrency)
-    for line in tuning.lines:
-        log.info(line)
-    for line in tuning.warnings:
-        log.warning(line)
-    app = create_app(config)
-    settings = hypercorn_settings(config, backlog=tuning.backlog)
-    if listen_fd is not None:
-        settings.bind = [f"fd://{listen_fd}"]
-    gate = ConnectionGate(tuning.files.connections, tuning.files.soft, REJECTING_CONNECTIONS)
-    prepare_collector()
-    stop = trio.Event()
-
-    async with trio.open_nursery() as nursery:
-
-        def begin_stopping() -> None:
-            # Fail waiting groups before hypercorn starts draining handlers, so waiting
-            # requests are answered at once instead of being cut off (C-98).
-            app.engine.begin_shutdown()
-            stop.set()
-            nursery.cancel_scope.deadline = trio.current_time() + config.shutdown_grace_s + 1.5
-
-        async def watch_signals(
-            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-        ) -> None:
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                task_status.started()
-                async for _ in signals:
-                    if stop.is_set():
-                        os._exit(130)
-                    begin_stopping()
-
-        async def watch_parent(parent: int) -> None:
-            # A worker whose parent died (even by SIGKILL) drains as if told to stop.
-            while os.getppid() == parent:  # noqa: ASYNC110 (no event tells of a parent's end)
-                await trio.sleep(PARENT_POLL_S)
-            if not stop.is_set():
-                log.warning("the parent process %d is gone; shutting down", parent)
-                begin_stopping()
-
-        async def run_server(task_status: trio.TaskStatus[list[str]]) -> None:
-            await serve_app(
-                app,
-                settings,
-                gate,
-                shutdown_trigger=stop.wait,
-                accept_batch=ACCEPT_BATCH if listen_fd is None else WORKER_ACCEPT_BATCH,
-                task_status=task_status,
-            )
-            nursery.cancel_scope.cancel()
-
-        await nursery.start(watch_signals)
-        if parent_pid is not None:
-            nursery.start_soon(watch_parent, parent_pid)
-        binds = await nursery.start(run_server)
-        print(f"genrm-trio listening on {binds[0]}", flush=True)
-    log.info("genrm-trio stopped")
 
 
 if __name__ == "__main__":

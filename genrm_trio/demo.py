@@ -20,10 +20,10 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from genrm_trio.config import config_from_mapping
+from genrm_trio.fakes.judge import FakeJudge
+from genrm_trio.fakes.judge_http import serve_fake_judge
 from genrm_trio.http.app import create_app
 from genrm_trio.judge.http11 import Http11Transport
-from genrm_trio.testing.fake_judge import FakeJudge
-from genrm_trio.testing.fake_judge_http import serve_fake_judge
 
 GROUP_SIZE = 16
 # The judge's name in failure texts; the demo routes it to the fake judge's free port, so the

@@ -17,8 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from genrm_trio.config import Config, ConfigError, load_config
-from genrm_trio.config.loading import read_config_file
+from genrm_trio.config import Config, ConfigError, load_config, read_config_file
 
 RESOURCES_SERVERS = "resources_servers"
 MODEL_SERVERS = "responses_api_models"

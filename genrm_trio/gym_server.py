@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from genrm_trio.config import Config, ConfigError
-from genrm_trio.config.loading import parse_yaml
+from genrm_trio.config import Config, ConfigError, parse_yaml
 from genrm_trio.gym_config import GymTranslation, config_from_gym
+from genrm_trio.serve import run_serve
 
 CONFIG_DICT_ENV = "NEMO_GYM_CONFIG_DICT"
 CONFIG_PATH_ENV = "NEMO_GYM_CONFIG_PATH"
@@ -52,8 +52,6 @@ def config_from_environment(
 
 def main(environ: Mapping[str, str] | None = None) -> int:
     """Serve as the resources server Gym's runner started; the process exit status."""
-    from genrm_trio.cli import run_serve
-
     try:
         config, translation, dry_run = config_from_environment(
             os.environ if environ is None else environ

@@ -36,6 +36,7 @@ import trio
 
 from genrm_trio.config import Config, config_from_mapping
 from genrm_trio.logs import configure_logging, set_worker
+from genrm_trio.serve import run_serve
 from genrm_trio.store.embedded import EmbeddedStore, NoServerBinary
 
 log = logging.getLogger("genrm_trio")
@@ -314,8 +315,6 @@ class Supervisor:
 
 def worker_main() -> int:
     """One worker: the configuration and the listening socket come from the parent."""
-    from genrm_trio.cli import run_serve
-
     with open(os.environ[CONFIG_ENV], encoding="utf-8") as handle:
         config = config_from_mapping(json.load(handle))
     set_worker(int(os.environ[INDEX_ENV]))

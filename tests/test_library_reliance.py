@@ -22,8 +22,8 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.utils import wrap_app
 
-from genrm_trio.cli import hypercorn_settings
 from genrm_trio.config import Config
+from genrm_trio.serve import hypercorn_settings
 
 
 def parameters(callable_: Callable[..., object]) -> list[str]:

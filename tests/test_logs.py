@@ -19,8 +19,8 @@ import trio
 from genrm_trio.config import config_from_mapping
 from genrm_trio.logs import LogLineFormatter, configure_logging, startup_lines
 from genrm_trio.runtime.hooks import Hooks
+from genrm_trio.testing import FakeJudge, pair_rule
 from genrm_trio.testing._shared_store import shared_engines
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member, running_server
 from genrm_trio.testing.redis_server import RedisServer
 from genrm_trio.testing.scenarios.drivers import engine_outcome as verify
@@ -279,8 +279,9 @@ def logged_texts() -> list[tuple[str, list[str]]]:
     message is written out in the call (a %-format or an f-string)."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        # The test doubles, and the client library, which logs in the trainer's process.
-        if "testing" in path.parts or "client" in path.parts:
+        # The fakes and the test harness, and the client library, which logs in the trainer's
+        # process.
+        if {"fakes", "testing", "client"} & set(path.parts):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not (
@@ -304,7 +305,7 @@ def logged_texts() -> list[tuple[str, list[str]]]:
                     if isinstance(v, ast.Constant) and isinstance(v.value, str)
                 ]
             else:
-                continue  # a text built elsewhere (core/messages.py, judge/attempts.py)
+                continue  # a text built elsewhere (core/messages.py, judge/_attempts.py)
             where = f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
             # The table shows how each message starts: its first words of any length.
             found.append((where, [part for part in parts if len(part.strip()) >= 6][:1]))

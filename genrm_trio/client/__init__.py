@@ -3,15 +3,19 @@
 
 `GenRMClient` is async and runs under Trio or asyncio; `BlockingGenRMClient` blocks;
 `genrm_trio.client.trl.GenRMRewardFunction` is a reward function for TRL's GRPOTrainer.
+`RESENDABLE_503_PREFIXES` and `GATEWAY_STATUSES` say which answers the client sends again, for
+a trainer that posts groups with its own HTTP client. It loads nothing of the server.
 """
 
-from genrm_trio.client.blocking import BlockingGenRMClient
-from genrm_trio.client.resend import ResendPolicy
-from genrm_trio.client.results import JUDGE_FAILED, VERIFY_FAILED, RolloutResult
-from genrm_trio.client.session import GenRMClient, GroupRefused
+from genrm_trio.client._blocking import BlockingGenRMClient
+from genrm_trio.client._resend import GATEWAY_STATUSES, RESENDABLE_503_PREFIXES, ResendPolicy
+from genrm_trio.client._results import JUDGE_FAILED, VERIFY_FAILED, RolloutResult
+from genrm_trio.client._session import GenRMClient, GroupRefused
 
 __all__ = [
+    "GATEWAY_STATUSES",
     "JUDGE_FAILED",
+    "RESENDABLE_503_PREFIXES",
     "VERIFY_FAILED",
     "BlockingGenRMClient",
     "GenRMClient",

@@ -15,10 +15,10 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from genrm_trio.client.blocking import BlockingGenRMClient
-from genrm_trio.client.bodies import Prompt, Response
-from genrm_trio.client.resend import ResendPolicy
-from genrm_trio.client.results import RolloutResult
+from genrm_trio.client._blocking import BlockingGenRMClient
+from genrm_trio.client._bodies import Prompt, Response
+from genrm_trio.client._resend import ResendPolicy
+from genrm_trio.client._results import RolloutResult
 
 log = logging.getLogger("genrm_trio.client")
 

@@ -3,7 +3,7 @@
 Every name other modules use is re-exported here, so `from genrm_trio.config import X` works.
 """
 
-from genrm_trio.config.checks import (
+from genrm_trio.config._checks import (
     CONFIG_KEYS,
     REQUIRED_KEYS,
     SERVER_OWNED_SAMPLING_KEYS,
@@ -11,15 +11,17 @@ from genrm_trio.config.checks import (
     config_from_mapping,
     url_without_userinfo,
 )
-from genrm_trio.config.loading import (
+from genrm_trio.config._loading import (
     API_KEY_ENV,
     config_warnings,
     format_seconds,
     load_config,
+    parse_yaml,
     public_view,
+    read_config_file,
     resolve_api_key,
 )
-from genrm_trio.config.schema import (
+from genrm_trio.config._schema import (
     DEFAULT_PRINCIPLE,
     SAMPLING_KEY,
     Config,
@@ -46,7 +48,9 @@ __all__ = [
     "config_warnings",
     "format_seconds",
     "load_config",
+    "parse_yaml",
     "public_view",
+    "read_config_file",
     "resolve_api_key",
     "url_without_userinfo",
 ]

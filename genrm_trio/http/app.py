@@ -25,7 +25,7 @@ from werkzeug.exceptions import (
     RequestEntityTooLarge,
 )
 
-from genrm_trio import __version__
+from genrm_trio._version import __version__
 from genrm_trio.config import Config, config_from_mapping, config_warnings
 from genrm_trio.core import messages
 from genrm_trio.core.outcomes import Masked, Outcome, Scored
@@ -54,7 +54,6 @@ from genrm_trio.http.verify_route import VerifyRoute
 from genrm_trio.http.whole_groups import (
     GROUP_ROUTE,
     first_rejection,
-    parse_group_body,
     render_group_reply,
     run_members,
 )
@@ -65,6 +64,7 @@ from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.store.configured import configured_store
 from genrm_trio.wire.bodies import BadRequest
+from genrm_trio.wire.group_bodies import parse_group_body
 from genrm_trio.wire.parsing import body_too_large, parse_compare_body
 from genrm_trio.wire.rendering import error_body, render_compare_reply, render_healthz
 

@@ -8,7 +8,11 @@ from typing import Any
 
 import msgspec
 
-from genrm_trio.http.gym_endpoints import (
+from genrm_trio.http.openrlhf_endpoint import (
+    ROUTE as OPENRLHF_ROUTE,
+)
+from genrm_trio.wire.group_bodies import VerifyGroupReply, VerifyGroupRequestDoc
+from genrm_trio.wire.gym_bodies import (
     AggregateMetricsReply,
     AggregateMetricsRequestDoc,
     CloseSessionReply,
@@ -16,14 +20,10 @@ from genrm_trio.http.gym_endpoints import (
     SeedSessionReply,
     SeedSessionRequestDoc,
 )
-from genrm_trio.http.openrlhf_endpoint import (
-    ROUTE as OPENRLHF_ROUTE,
-)
-from genrm_trio.http.openrlhf_endpoint import (
+from genrm_trio.wire.openrlhf_bodies import (
     OpenRLHFRewardReply,
     OpenRLHFRewardRequestDoc,
 )
-from genrm_trio.http.whole_groups import VerifyGroupReply, VerifyGroupRequestDoc
 from genrm_trio.wire.schema import (
     CompareReply,
     CompareRequestDoc,

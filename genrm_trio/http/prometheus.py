@@ -45,7 +45,7 @@ ATTEMPT_OUTCOMES = (
     "ok", "unusable", "budget_exhausted", "http_4xx", "http_408", "http_429", "http_5xx",
     "transport", "timeout", "non_json", "cancelled",
 )  # fmt: skip
-# The attempt outcomes a comparison may follow with another attempt (judge/attempts.py): the
+# The attempt outcomes a comparison may follow with another attempt (judge/_attempts.py): the
 # reasons of genrm_judge_retries_total.
 RETRY_REASONS = ("unusable", "budget_exhausted", "http_408", "http_429", "http_5xx", "transport")
 COMPARISON_OUTCOMES = ("verdict", "default_fallback", "failed")

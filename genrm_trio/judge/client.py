@@ -25,7 +25,7 @@ from genrm_trio.config import Config, url_without_userinfo
 from genrm_trio.core.messages import log_key
 from genrm_trio.core.server_metrics import ServerMetrics
 from genrm_trio.core.verdicts import Verdict
-from genrm_trio.judge.attempts import (
+from genrm_trio.judge._attempts import (
     ERROR_BODY_BYTES,
     AttemptOutcome,
     Conclusion,
@@ -51,9 +51,7 @@ from genrm_trio.judge.attempts import (
     timeout_outcome,
     transport_outcome,
 )
-from genrm_trio.judge.balancer import Balancer, Pick
-from genrm_trio.judge.http11 import Http11Transport
-from genrm_trio.judge.requests import (
+from genrm_trio.judge._requests import (
     build_body,
     encode_body,
     judge_headers,
@@ -61,6 +59,8 @@ from genrm_trio.judge.requests import (
     replica_base_urls,
     resolve_api_key,
 )
+from genrm_trio.judge.balancer import Balancer, Pick
+from genrm_trio.judge.http11 import Http11Transport
 from genrm_trio.judge.slots import JudgeSlots, Lane
 from genrm_trio.judge.transport import (
     ConnectTimedOut,

@@ -1,7 +1,7 @@
 """The judge transport seam: one POST to the judge, its reply, and the failures it can end in.
 
 The attempt loop (judge/client.py) talks to the judge only through a :class:`JudgeTransport`;
-http11.py carries it over the network, testing/memory_transport.py hands it to a fake judge in
+http11.py carries it over the network, fakes/memory_transport.py hands it to a fake judge in
 memory. This module also holds the transport's whole vocabulary of failure texts (J-40 causes).
 
 Theory of operation. A transport is built once per server from a :class:`JudgeEndpoint` (the

@@ -9,11 +9,11 @@ from typing import Any
 import trio
 
 from genrm_trio.config import Config, config_from_mapping
+from genrm_trio.fakes.judge import FakeJudge
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.store.redis_store import RedisGroupStore
 from genrm_trio.store.resp import StoreAddress
-from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.harness import SCENARIO_DEFAULTS
 from genrm_trio.testing.scenarios.steps import STORE_EPOCH
 

@@ -30,6 +30,9 @@ from typing import Any, Literal
 
 import trio
 
+from genrm_trio.fakes.judge import FakeJudge
+from genrm_trio.fakes.judge_http import observe_until
+from genrm_trio.fakes.memory_transport import MemoryTransport
 from genrm_trio.judge.transport import (
     JudgeEndpoint,
     JudgeReply,
@@ -37,9 +40,6 @@ from genrm_trio.judge.transport import (
     TransportFactory,
     TransportStatistics,
 )
-from genrm_trio.testing.fake_judge import FakeJudge
-from genrm_trio.testing.fake_judge_http import observe_until
-from genrm_trio.testing.memory_transport import MemoryTransport
 
 __all__ = ["CallState", "Control", "ControlledJudge", "JudgeCall", "group_marker"]
 
@@ -138,7 +138,7 @@ class ControlledJudge(FakeJudge):
     """A `FakeJudge` whose calls can be held, released, failed or delayed per group and pair.
 
     Takes the same keyword arguments as `FakeJudge`. Use `transport()` as the server's
-    ``judge_transport`` (a judge transport in memory, see testing/memory_transport.py); `calls`
+    ``judge_transport`` (a judge transport in memory, see fakes/memory_transport.py); `calls`
     lists every call with its state.
     """
 

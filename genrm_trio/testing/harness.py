@@ -2,7 +2,7 @@
 
 `running_server(...)` builds an app with `create_app`, runs its lifespan, and talks to it through
 a real httpx client over ASGI; the judge is a `FakeJudge` reached through the in-memory judge
-transport (testing/memory_transport.py). Defaults follow the acceptance-scenario harness of
+transport (fakes/memory_transport.py). Defaults follow the acceptance-scenario harness of
 §10.
 """
 
@@ -20,9 +20,9 @@ import trio
 
 from genrm_trio.config import Config, config_from_mapping
 from genrm_trio.core.exact_ints import int_from_digits
+from genrm_trio.fakes.judge import FakeJudge
 from genrm_trio.http.app import GenRMApp, create_app
 from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.testing.fake_judge import FakeJudge
 
 JUDGE_URL = "http://fake-judge/v1"
 

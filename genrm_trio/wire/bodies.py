@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Final
 
-from genrm_trio.wire import json_scan
+from genrm_trio.wire import _json_scan
 
 INT64_MIN: Final = -(2**63)
 INT64_MAX: Final = 2**63 - 1
@@ -139,7 +139,7 @@ class VerifyRequest:
     @property
     def response_value(self) -> Any:
         """The whole response, decoded on each access from its bytes (NaN and Infinity read)."""
-        return json_scan.decode_value(self.response_view())
+        return _json_scan.decode_value(self.response_view())
 
     @property
     def spooled(self) -> bool:

@@ -13,7 +13,7 @@ import msgspec
 
 from genrm_trio.config import Config
 from genrm_trio.core.canonical import canonical_json
-from genrm_trio.wire import json_scan
+from genrm_trio.wire import _json_scan
 from genrm_trio.wire.bodies import (
     ATTEMPT_INDEX_KEY,
     COORDINATE_KEYS,
@@ -208,7 +208,7 @@ def _split(
     config: Config,
     decode: frozenset[str],
     decode_as: Mapping[str, msgspec.json.Decoder[Any]] | None = None,
-) -> tuple[dict[str, json_scan.Member], list[json_scan.Member]]:
+) -> tuple[dict[str, _json_scan.Member], list[_json_scan.Member]]:
     if len(body) > config.max_body_bytes:
         raise BadRequest(413, body_too_large(config.max_body_bytes))
     return split_members(body, decode, decode_as)
@@ -223,13 +223,13 @@ def split_members(
     body: bytes,
     decode: frozenset[str],
     decode_as: Mapping[str, msgspec.json.Decoder[Any]] | None = None,
-) -> tuple[dict[str, json_scan.Member], list[json_scan.Member]]:
+) -> tuple[dict[str, _json_scan.Member], list[_json_scan.Member]]:
     """W-4: the body as one JSON object without repeated top-level keys, by key and in order."""
     try:
-        members = json_scan.split_object(body, decode=decode, decode_as=decode_as)
-    except json_scan.JsonScanError as exc:
+        members = _json_scan.split_object(body, decode=decode, decode_as=decode_as)
+    except _json_scan.JsonScanError as exc:
         raise BadRequest(400, f"invalid JSON body: {exc.reason}") from None
-    by_key: dict[str, json_scan.Member] = {}
+    by_key: dict[str, _json_scan.Member] = {}
     for member in members:
         if member.key in by_key:
             raise BadRequest(400, f"duplicate key '{member.key}'")
@@ -245,7 +245,9 @@ def _missing(path: str, expected: str) -> str:
     return f"{path}: required field missing (expected {expected})"
 
 
-def _required(by_key: Mapping[str, json_scan.Member], key: str, expected: str) -> json_scan.Member:
+def _required(
+    by_key: Mapping[str, _json_scan.Member], key: str, expected: str
+) -> _json_scan.Member:
     member = by_key.get(key)
     if member is None:
         raise _invalid(_missing(key, expected))
@@ -301,7 +303,7 @@ def _check_response(value: Any, path: str) -> None:
     _check_objects(output, f"{path}.output")
 
 
-def _group_id(member: json_scan.Member | None) -> str | None:
+def _group_id(member: _json_scan.Member | None) -> str | None:
     if member is None or member.value is None:
         return None
     value = member.value
@@ -322,7 +324,7 @@ def _coordinate_json(value: str | int | None) -> bytes:
     return canonical_json(value)
 
 
-def _strict_int(body: bytes, member: json_scan.Member) -> int | None:
+def _strict_int(body: bytes, member: _json_scan.Member) -> int | None:
     """W-7: the integer a JSON integer literal spells, or None for any other value."""
     raw = body[member.value_start : member.value_end]
     if _INTEGER_LITERAL.fullmatch(raw) is None:
@@ -333,7 +335,7 @@ def _strict_int(body: bytes, member: json_scan.Member) -> int | None:
     return int(raw)
 
 
-def _attempt(body: bytes, member: json_scan.Member) -> int:
+def _attempt(body: bytes, member: _json_scan.Member) -> int:
     value = _strict_int(body, member)
     if value is None or value < 0:
         got = _describe_raw(body, member)
@@ -346,7 +348,7 @@ def _attempt(body: bytes, member: json_scan.Member) -> int:
     return value
 
 
-def _nullable_int(body: bytes, member: json_scan.Member | None, key: str) -> int | None:
+def _nullable_int(body: bytes, member: _json_scan.Member | None, key: str) -> int | None:
     if member is None or body[member.value_start : member.value_end] == b"null":
         return None
     value = _strict_int(body, member)
@@ -360,7 +362,7 @@ def _nullable_int(body: bytes, member: json_scan.Member | None, key: str) -> int
     return value
 
 
-def _resend(body: bytes, by_key: Mapping[str, json_scan.Member]) -> str | None:
+def _resend(body: bytes, by_key: Mapping[str, _json_scan.Member]) -> str | None:
     """Why the row is a resend of one rollout (C-99), or None for a first dispatch."""
     member = by_key.get(ATTEMPT_INDEX_KEY)
     if member is not None and body[member.value_start : member.value_end] != b"null":
@@ -378,7 +380,7 @@ def _resend(body: bytes, by_key: Mapping[str, json_scan.Member]) -> str | None:
     return None
 
 
-def _nullable_str(member: json_scan.Member | None, key: str) -> str | None:
+def _nullable_str(member: _json_scan.Member | None, key: str) -> str | None:
     if member is None or member.value is None:
         return None
     if isinstance(member.value, str):
@@ -389,7 +391,7 @@ def _nullable_str(member: json_scan.Member | None, key: str) -> str | None:
 _DESCRIBE_LIMIT: Final = 40
 
 
-def _describe_raw(body: bytes, member: json_scan.Member) -> str:
+def _describe_raw(body: bytes, member: _json_scan.Member) -> str:
     """A top-level scalar as the client spelled it (``1.0``, ``1e3``, ``NaN``), when short."""
     raw = body[member.value_start : member.value_end]
     first = raw[:1]
@@ -399,7 +401,7 @@ def _describe_raw(body: bytes, member: json_scan.Member) -> str:
         return "an array"
     if first != b'"' and len(raw) <= _DESCRIBE_LIMIT:
         return raw.decode("utf-8")
-    return _describe(json_scan.decode_value(raw))
+    return _describe(_json_scan.decode_value(raw))
 
 
 def _describe(value: Any) -> str:

@@ -11,7 +11,7 @@ from typing import Any, Final
 import msgspec
 
 from genrm_trio.core.canonical import canonical_json
-from genrm_trio.wire import json_scan
+from genrm_trio.wire import _json_scan
 from genrm_trio.wire.bodies import (
     FAILURE_TEXT_MAX_CODE_POINTS,
     METRIC_KEYS,
@@ -173,7 +173,7 @@ def _masked_instance_config(raw: bytes) -> bytes:
         return _MASKED_INSTANCE_CONFIG
     members: list[bytes] = []
     masked = False
-    for member in json_scan.split_object(raw, validate=False):
+    for member in _json_scan.split_object(raw, validate=False):
         if member.key == "mask_sample":
             # Later duplicates go, so that whichever occurrence a reader keeps says true.
             if not masked:

@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from genrm_trio.collect.rows import read_rows
+from genrm_trio.collect._rows import read_rows
 from genrm_trio.core.aggregation import aggregate
 from genrm_trio.core.pairs import plan_comparisons
 from genrm_trio.core.texts import extract_scoring_text
 from genrm_trio.core.verdicts import Verdict
-from genrm_trio.testing.fake_judge import quality, verdict_for_qualities
+from genrm_trio.fakes.judge import quality, verdict_for_qualities
 
 N = 8
 OUTAGE_QUALITY = "2.5"  # every answer of the outage task carries [[q=2.5]]

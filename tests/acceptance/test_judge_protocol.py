@@ -18,7 +18,7 @@ import trio
 
 from genrm_trio.config import config_from_mapping
 from genrm_trio.http.app import create_app
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
+from genrm_trio.testing import FakeJudge, pair_rule
 from genrm_trio.testing.harness import SCENARIO_DEFAULTS, Reply, Server, member, running_server
 
 SAMPLING = {"max_output_tokens": 16384, "temperature": 0.6, "top_p": 0.95}

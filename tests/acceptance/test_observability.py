@@ -17,11 +17,11 @@ import trio
 import trio.testing
 
 from genrm_trio.config import DEFAULT_PRINCIPLE, Config, ConfigError, load_config
+from genrm_trio.fakes.memory_transport import MemoryTransport
 from genrm_trio.http.app import GenRMApp, create_app
 from genrm_trio.judge.transport import JudgeEndpoint, JudgeReply
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
+from genrm_trio.testing import FakeJudge, pair_rule
 from genrm_trio.testing.harness import JUDGE_URL, Server, member, running_server
-from genrm_trio.testing.memory_transport import MemoryTransport
 
 LOGGER = "genrm_trio"
 KEY_FROM_ENV = "sk-env-k1-3b8d0c"

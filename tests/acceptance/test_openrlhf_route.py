@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import trio
 
-from genrm_trio.testing.fake_judge import pair_rule
+from genrm_trio.testing import pair_rule
 
 N = 4
 ROUTE = "/openrlhf/get_reward"

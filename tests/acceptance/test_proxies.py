@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from genrm_trio.collect.rows import read_rows
+from genrm_trio.collect._rows import read_rows
 from genrm_trio.testing.redis_server import RedisServer
 
 RUNNING_MD = Path(__file__).resolve().parents[2] / "docs" / "running.md"

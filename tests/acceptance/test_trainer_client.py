@@ -27,7 +27,7 @@ from genrm_trio.client import (
     RolloutResult,
 )
 from genrm_trio.client.trl import GenRMRewardFunction
-from genrm_trio.testing.fake_judge import pair_rule
+from genrm_trio.testing import pair_rule
 
 N = 4
 

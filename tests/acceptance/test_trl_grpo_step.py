@@ -22,7 +22,7 @@ import pytest
 
 from genrm_trio.client.trl import GenRMRewardFunction
 from genrm_trio.core.texts import judge_answer_text
-from genrm_trio.testing.fake_judge import quality
+from genrm_trio.fakes.judge import quality
 
 ENABLE = "GENRM_TRIO_TRL_TEST"
 

@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from genrm_trio.testing.fake_judge import FakeJudge
+from genrm_trio.testing import FakeJudge
 from genrm_trio.testing.harness import Reply, Server, member, running_server
 
 METRICS = (

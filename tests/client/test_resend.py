@@ -1,4 +1,4 @@
-"""What the client makes of each answer to a group request (client.resend), without I/O."""
+"""What the client makes of each answer to a group request (client._resend), without I/O."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from genrm_trio.client.resend import Failed, Refused, Resend, ResendPolicy, Rows, decide
-from genrm_trio.client.results import RolloutResult
+from genrm_trio.client._resend import Failed, Refused, Resend, ResendPolicy, Rows, decide
+from genrm_trio.client._results import RolloutResult
 
 
 def detail(text: str) -> bytes:

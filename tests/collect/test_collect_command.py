@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from genrm_trio.cli import main
-from genrm_trio.collect.command import prepare
-from genrm_trio.collect.rows import Task, encode_line, member_body
+from genrm_trio.collect._command import prepare
+from genrm_trio.collect._rows import Task, encode_line, member_body
 
 UNREACHABLE = "http://127.0.0.1:9"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from genrm_trio.collect.progress import Progress
-from genrm_trio.collect.runner import RunCounts
+from genrm_trio.collect._progress import Progress
+from genrm_trio.collect._runner import RunCounts
 
 
 class Terminal(io.StringIO):

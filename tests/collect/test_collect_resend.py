@@ -20,16 +20,16 @@ import httpx
 import pytest
 import trio
 
-from genrm_trio.collect.policy import PolicyClient
-from genrm_trio.collect.resend import Backoff, error_resend, reply_resend
-from genrm_trio.collect.resume import GroupPlan
-from genrm_trio.collect.rows import VERIFY_FAILED, Task
-from genrm_trio.collect.runner import Clients, GroupRunner, Sinks
+from genrm_trio.collect._policy import PolicyClient
+from genrm_trio.collect._resend import Backoff, error_resend, reply_resend
+from genrm_trio.collect._resume import GroupPlan
+from genrm_trio.collect._rows import VERIFY_FAILED, Task
+from genrm_trio.collect._runner import Clients, GroupRunner, Sinks
 from genrm_trio.core import messages
+from genrm_trio.fakes.policy import FakePolicy, FakePolicyApp
 from genrm_trio.http.serving import over_limit_reply
 from genrm_trio.http.spool import SpoolBudget, spool_failed
 from genrm_trio.store.redis_store import StoreContended, StoreFailed
-from genrm_trio.testing._fake_policy import FakePolicy, FakePolicyApp
 from genrm_trio.testing.harness import Server, running_server
 from genrm_trio.wire.rendering import error_body
 

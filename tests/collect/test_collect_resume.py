@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from genrm_trio.collect.resume import final_rows, plan_resume
-from genrm_trio.collect.rows import (
+from genrm_trio.collect._resume import final_rows, plan_resume
+from genrm_trio.collect._rows import (
     GROUP_INCOMPLETE,
     POLICY_FAILED,
     VERIFY_FAILED,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from genrm_trio.collect.rows import (
+from genrm_trio.collect._rows import (
     POLICY_FAILED,
     StoredRow,
     Task,

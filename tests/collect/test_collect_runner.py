@@ -13,20 +13,20 @@ from typing import Any
 
 import httpx
 
-from genrm_trio.collect.policy import PolicyClient
-from genrm_trio.collect.resume import GroupPlan, final_rows
-from genrm_trio.collect.rows import (
+from genrm_trio.collect._policy import PolicyClient
+from genrm_trio.collect._resume import GroupPlan, final_rows
+from genrm_trio.collect._rows import (
     GROUP_INCOMPLETE,
     POLICY_FAILED,
     VERIFY_FAILED,
     Task,
     read_rows,
 )
-from genrm_trio.collect.runner import Clients, GroupRunner, Sinks, prometheus_total
+from genrm_trio.collect._runner import Clients, GroupRunner, Sinks, prometheus_total
 from genrm_trio.core.run_metrics import summarize_rows
 from genrm_trio.core.texts import extract_scoring_text
-from genrm_trio.testing._fake_policy import FakePolicy, FakePolicyApp
-from genrm_trio.testing.fake_judge import FakeJudge
+from genrm_trio.fakes.policy import FakePolicy, FakePolicyApp
+from genrm_trio.testing import FakeJudge
 from genrm_trio.testing.harness import Server, running_server
 
 N = 4

@@ -15,12 +15,12 @@ import msgspec
 import trio
 import trio.lowlevel
 
-from genrm_trio.cli import hypercorn_settings
 from genrm_trio.config import config_from_mapping
 from genrm_trio.http.app import GenRMApp, create_app
 from genrm_trio.http.receiving import SPOOL_SLOTS
 from genrm_trio.http.serving import ConnectionGate, serve_app
-from genrm_trio.testing.fake_judge import FakeJudge
+from genrm_trio.serve import hypercorn_settings
+from genrm_trio.testing import FakeJudge
 from genrm_trio.testing.harness import SCENARIO_DEFAULTS, member, running_server
 
 GROUP = 4

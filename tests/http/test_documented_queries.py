@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from genrm_trio.config.checks import CONFIG_KEYS
+from genrm_trio.config import CONFIG_KEYS
 from genrm_trio.http.worker_metrics import WORKERS_UP
 from genrm_trio.testing.harness import running_server
 

@@ -10,9 +10,9 @@ import pytest
 import trio
 
 from genrm_trio.core.run_metrics import summarize_rows
-from genrm_trio.http.gym_endpoints import aggregate_metrics, counts
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
+from genrm_trio.testing import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member, running_server
+from genrm_trio.wire.gym_bodies import aggregate_metrics, counts
 
 GYM_REPLY_KEYS = {
     "group_level_metrics",

@@ -35,7 +35,7 @@ from genrm_trio.http.worker_metrics import (
     WorkerSettings,
     worker_settings,
 )
-from genrm_trio.testing.fake_judge import FakeJudge
+from genrm_trio.testing import FakeJudge
 from genrm_trio.testing.harness import SCENARIO_DEFAULTS, member, running_server
 
 REPLICA = "http://fake-judge/v1"

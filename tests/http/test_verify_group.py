@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from genrm_trio.http.openapi import openapi_document
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
+from genrm_trio.testing import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member, running_server
 
 N = 4

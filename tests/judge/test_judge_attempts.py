@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from genrm_trio.core.verdicts import Verdict
-from genrm_trio.judge.attempts import (
+from genrm_trio.judge._attempts import (
     AttemptOutcome,
     Failed,
     FatalFailure,

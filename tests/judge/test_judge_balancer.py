@@ -10,11 +10,11 @@ import pytest
 import trio
 
 from genrm_trio.config import config_from_mapping
+from genrm_trio.fakes.memory_transport import MemoryTransport
 from genrm_trio.judge.balancer import Balancer, Pick
 from genrm_trio.judge.client import JudgeClient, JudgeFailure, JudgeTask, JudgeVerdict
 from genrm_trio.judge.transport import JudgeEndpoint, JudgeTransport
-from genrm_trio.testing.fake_judge import FakeJudge
-from genrm_trio.testing.memory_transport import MemoryTransport
+from genrm_trio.testing import FakeJudge
 
 URLS = ["http://a/v1", "http://b/v1", "http://c/v1", "http://d/v1"]
 

@@ -21,6 +21,7 @@ import trio
 from genrm_trio import __version__
 from genrm_trio.config import Config
 from genrm_trio.core.verdicts import Verdict
+from genrm_trio.fakes.memory_transport import BodyReply
 from genrm_trio.judge.client import (
     MAX_REPLY_BYTES,
     JudgeClient,
@@ -41,7 +42,6 @@ from genrm_trio.judge.transport import (
     TransportStatistics,
     closed_in_body,
 )
-from genrm_trio.testing.memory_transport import BodyReply
 
 URL = "http://127.0.0.1:9/v1/chat/completions"
 INJECTED = b'{"error":"injected"}'

@@ -14,8 +14,7 @@ from genrm_trio import __version__
 from genrm_trio.config import Config
 from genrm_trio.core.verdicts import Verdict
 from genrm_trio.judge.client import JudgeClient, JudgeFailure, JudgeTask, JudgeVerdict
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
-from genrm_trio.testing.fake_judge_http import serve_fake_judge
+from genrm_trio.testing import FakeJudge, pair_rule, serve_fake_judge
 
 V421 = Verdict(4.0, 2.0, 1.0)
 DEFAULT = Verdict(3.0, 3.0, 3.5)

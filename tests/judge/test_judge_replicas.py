@@ -14,8 +14,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from genrm_trio.http.app import create_app
-from genrm_trio.testing.fake_judge import FakeJudge
-from genrm_trio.testing.fake_judge_http import serve_fake_judge, wait_for_stats
+from genrm_trio.testing import FakeJudge, serve_fake_judge, wait_for_stats
 from genrm_trio.testing.harness import member
 
 # Only guards against a hung test; no assertion depends on it.

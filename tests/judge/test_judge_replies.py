@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from genrm_trio.core.verdicts import Verdict
-from genrm_trio.judge.replies import (
+from genrm_trio.judge._replies import (
     ReplyNotJson,
     ReplyReading,
     chat_verdict_text,

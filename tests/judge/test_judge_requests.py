@@ -7,7 +7,7 @@ from typing import Any
 
 from genrm_trio import __version__
 from genrm_trio.config import Config
-from genrm_trio.judge.requests import (
+from genrm_trio.judge._requests import (
     build_body,
     encode_body,
     judge_headers,

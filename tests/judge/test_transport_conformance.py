@@ -1,6 +1,6 @@
 """One set of behaviours every judge transport shows, run against each implementation (the idea of
 trio.testing.check_two_way_stream): the network transport (judge/http11.py) against the fake
-judge's real TCP server on loopback, the in-memory transport (testing/memory_transport.py) and
+judge's real TCP server on loopback, the in-memory transport (fakes/memory_transport.py) and
 the controlled judge's transport built on it, both under an autojump mock clock.
 
 The fake judge's synchronous core decides every reply; a transport must carry out exactly what
@@ -29,8 +29,10 @@ import pytest
 import trio
 import trio.testing
 
+from genrm_trio.fakes.judge import ACTIONS, FakeJudge, FakeReply, parse_latency
+from genrm_trio.fakes.memory_transport import BodyReply, MemoryTransport
+from genrm_trio.judge._requests import judge_headers
 from genrm_trio.judge.http11 import Http11Transport
-from genrm_trio.judge.requests import judge_headers
 from genrm_trio.judge.transport import (
     CLOSED_BEFORE_REPLY,
     CLOSED_IN_CHUNKED_BODY,
@@ -46,10 +48,8 @@ from genrm_trio.judge.transport import (
     closed_in_body,
     describe,
 )
+from genrm_trio.testing import serve_fake_judge, wait_for_stats
 from genrm_trio.testing.controlled_judge import ControlledJudge
-from genrm_trio.testing.fake_judge import ACTIONS, FakeJudge, FakeReply, parse_latency
-from genrm_trio.testing.fake_judge_http import serve_fake_judge, wait_for_stats
-from genrm_trio.testing.memory_transport import BodyReply, MemoryTransport
 
 PATH = "/v1/chat/completions"
 BODY = json.dumps(

@@ -21,7 +21,7 @@ import trio.testing
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from genrm_trio.testing.fake_judge import FakeJudge
+from genrm_trio.testing import FakeJudge
 from genrm_trio.testing.harness import Server, member, running_server
 
 MAX_BODY_BYTES = 1 << 18

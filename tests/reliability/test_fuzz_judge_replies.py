@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from genrm_trio.config import Config
 from genrm_trio.core.verdicts import Verdict
+from genrm_trio.fakes.memory_transport import BodyReply
 from genrm_trio.judge.client import JudgeClient, JudgeFailure, JudgeTask, JudgeVerdict
 from genrm_trio.judge.transport import (
     ConnectError,
@@ -37,7 +38,6 @@ from genrm_trio.judge.transport import (
     TransportFactory,
     TransportStatistics,
 )
-from genrm_trio.testing.memory_transport import BodyReply
 
 BASE_URL = "http://judge.test/v1"
 ATTEMPTS = 4  # genrm_parse_retries 3

@@ -28,8 +28,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from genrm_trio.config import config_from_mapping
 from genrm_trio.http.app import GenRMApp, create_app
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
-from genrm_trio.testing.fake_judge_http import serve_fake_judge, wait_for_stats
+from genrm_trio.testing import FakeJudge, pair_rule, serve_fake_judge, wait_for_stats
 from genrm_trio.testing.harness import SCENARIO_DEFAULTS, member
 
 # Guards against a hung test only; no assertion depends on it.

@@ -8,8 +8,8 @@ import pytest
 import trio
 import trio.testing
 
+from genrm_trio.fakes.judge import FakeJudge, pair_rule, parse_latency
 from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule, parse_latency
 from genrm_trio.testing.harness import member, running_server
 
 SUPERSEDED = "GenRM group 'g' attempt 0 was superseded by attempt 1"

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from genrm_trio.core.canonical import canonical_json
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
+from genrm_trio.testing import FakeJudge, pair_rule
 from genrm_trio.testing.harness import running_server
 
 HISTORY = [{"role": "user", "content": "2+2?"}]

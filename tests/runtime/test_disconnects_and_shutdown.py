@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.testing.fake_judge import FakeJudge
+from genrm_trio.testing import FakeJudge
 from genrm_trio.testing.harness import member, running_server
 
 

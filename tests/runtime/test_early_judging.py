@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
+from genrm_trio.testing import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member, running_server
 
 

@@ -11,7 +11,7 @@ import struct
 from typing import Any
 
 from genrm_trio.testing.harness import member, running_server
-from genrm_trio.wire.json_scan import SCAN_MIN_BYTES
+from genrm_trio.wire._json_scan import SCAN_MIN_BYTES
 
 TOKENS = 4_096
 

@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from genrm_trio.core.messages import MIGRATION_SUFFIX
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
+from genrm_trio.testing import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member, running_server
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
+from genrm_trio.testing import FakeJudge, pair_rule
 from genrm_trio.testing.harness import Reply, member, running_server
 
 # Circular pairing, no position bias: a scored rollout's reward is its own quality. Pair (4, 5)

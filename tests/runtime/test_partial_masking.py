@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
+from genrm_trio.testing import FakeJudge, pair_rule
 from genrm_trio.testing.harness import running_server
 
 METRICS = (

@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from genrm_trio.testing.fake_judge import FakeJudge
+from genrm_trio.testing import FakeJudge
 from genrm_trio.testing.harness import Server, running_server
 
 CONFLICT = "already has a different response for rollout_index=0"

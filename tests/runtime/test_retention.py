@@ -7,7 +7,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from genrm_trio.testing.fake_judge import FakeJudge
+from genrm_trio.testing import FakeJudge
 from genrm_trio.testing.harness import Server, member, running_server
 
 NOT_RETAINED = (

@@ -16,7 +16,7 @@ import trio.testing
 
 from genrm_trio.http import spool as spool_module
 from genrm_trio.http.spool import SpoolBudget
-from genrm_trio.testing.fake_judge import FakeJudge
+from genrm_trio.testing import FakeJudge
 from genrm_trio.testing.harness import Reply, Server, member, running_server
 
 

@@ -15,8 +15,8 @@ from genrm_trio.runtime.engine import Engine
 from genrm_trio.store.judge_budget import BudgetReply, StoredJudgeBudget
 from genrm_trio.store.redis_store import RedisGroupStore
 from genrm_trio.store.resp import StoreAddress
+from genrm_trio.testing import FakeJudge
 from genrm_trio.testing._shared_store import harness_time, new_store, shared_config, shared_engines
-from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
 from genrm_trio.testing.scenarios.drivers import engine_outcome as verify

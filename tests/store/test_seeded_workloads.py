@@ -14,8 +14,8 @@ from genrm_trio.core import messages
 from genrm_trio.core.outcomes import Masked, Outcome, Rejected, Scored
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.store.redis_store import RedisGroupStore, check_store_invariants
+from genrm_trio.testing import FakeJudge, pair_rule
 from genrm_trio.testing._shared_store import shared_config, shared_engines
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
 from genrm_trio.testing.scenarios.drivers import engine_outcome

@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
+from genrm_trio.testing import FakeJudge, pair_rule
 from genrm_trio.testing.harness import Reply, Server, member, running_server
 from genrm_trio.testing.redis_server import RedisServer
 

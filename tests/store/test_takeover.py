@@ -13,8 +13,8 @@ from trio.testing import MockClock
 from genrm_trio.core.outcomes import Outcome, Rejected, Scored
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.store.redis_store import check_store_invariants
+from genrm_trio.testing import FakeJudge
 from genrm_trio.testing._shared_store import harness_time, shared_engines
-from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.harness import member
 from genrm_trio.testing.redis_server import RedisServer
 from genrm_trio.testing.scenarios.drivers import engine_outcome as verify

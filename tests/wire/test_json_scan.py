@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from json_texts import json_values, object_text, separators
 
-from genrm_trio.wire.json_scan import (
+from genrm_trio.wire._json_scan import (
     MAX_NESTING,
     NOT_DECODED,
     JsonScanError,

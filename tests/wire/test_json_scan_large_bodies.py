@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from json_texts import json_scalars, json_values, object_text, separators
 
-from genrm_trio.wire import json_scan
-from genrm_trio.wire.json_scan import (
+from genrm_trio.wire import _json_scan as json_scan
+from genrm_trio.wire._json_scan import (
     MAX_NESTING,
     NOT_DECODED,
     SCAN_MIN_BYTES,

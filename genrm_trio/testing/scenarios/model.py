@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from genrm_trio.config import Config
 from genrm_trio.core import messages
+from genrm_trio.fakes.judge import verdict_for_qualities
 from genrm_trio.judge.transport import CLOSED_BEFORE_REPLY
 from genrm_trio.testing._invariants import CallKey, Expected
-from genrm_trio.testing.fake_judge import verdict_for_qualities
 from genrm_trio.testing.harness import JUDGE_URL
 from genrm_trio.testing.scenarios.steps import (
     COLLECTION_TIMEOUT,

@@ -13,8 +13,8 @@ import pytest
 import trio
 from _fake_judge_support import chat_body, chat_verdict, responses_body
 
-from genrm_trio.testing.fake_judge import FakeJudge
-from genrm_trio.testing.fake_judge_http import serve_fake_judge, wait_for_stats
+from genrm_trio.fakes.judge import FakeJudge
+from genrm_trio.fakes.judge_http import serve_fake_judge, wait_for_stats
 
 # Only guards against a hung test; no assertion depends on it.
 SAFETY_S = 10

@@ -25,11 +25,11 @@ import httpx
 import msgspec
 import trio
 
-from genrm_trio.collect.policy import API_KEY_ENV, PolicyClient
-from genrm_trio.collect.progress import Progress
-from genrm_trio.collect.resend import Backoff
-from genrm_trio.collect.resume import GroupPlan, final_rows, plan_resume
-from genrm_trio.collect.rows import (
+from genrm_trio.collect._policy import API_KEY_ENV, PolicyClient
+from genrm_trio.collect._progress import Progress
+from genrm_trio.collect._resend import Backoff
+from genrm_trio.collect._resume import GroupPlan, final_rows, plan_resume
+from genrm_trio.collect._rows import (
     GROUP_ATTEMPT,
     GROUP_ID,
     TASK_INDEX,
@@ -43,7 +43,7 @@ from genrm_trio.collect.rows import (
     read_rows,
     read_tasks,
 )
-from genrm_trio.collect.runner import Clients, GroupRunner, RunCounts, Sinks, prometheus_total
+from genrm_trio.collect._runner import Clients, GroupRunner, RunCounts, Sinks, prometheus_total
 from genrm_trio.core.run_metrics import summarize_rows
 
 EXIT_OK = 0

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
-from genrm_trio import __version__
+from genrm_trio._version import __version__
 from genrm_trio.config import Config, JudgeApi, url_without_userinfo
 
 API_KEY_ENV = "GENRM_JUDGE_API_KEY"

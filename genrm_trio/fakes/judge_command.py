@@ -15,13 +15,13 @@ from typing import Any
 import trio
 import yaml
 
-from genrm_trio.testing.fake_judge import (
+from genrm_trio.fakes.judge import (
     FakeJudge,
     parse_fault_action,
     parse_latency,
     parse_prefix_cache,
 )
-from genrm_trio.testing.fake_judge_http import serve_fake_judge
+from genrm_trio.fakes.judge_http import serve_fake_judge
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1

@@ -9,10 +9,10 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
-from genrm_trio.client.bodies import Prompt, Response
-from genrm_trio.client.resend import ResendPolicy
-from genrm_trio.client.results import RolloutResult, failed_group
-from genrm_trio.client.session import GenRMClient, gather
+from genrm_trio.client._bodies import Prompt, Response
+from genrm_trio.client._resend import ResendPolicy
+from genrm_trio.client._results import RolloutResult, failed_group
+from genrm_trio.client._session import GenRMClient, gather
 
 Call = Callable[[GenRMClient], Awaitable[list[RolloutResult]]]
 

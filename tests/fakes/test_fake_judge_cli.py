@@ -15,7 +15,7 @@ import httpx
 import pytest
 from _fake_judge_support import chat_body, chat_verdict
 
-from genrm_trio.testing._fake_judge_cli import (
+from genrm_trio.fakes.judge_command import (
     add_arguments,
     judge_from_args,
     listening_line,
@@ -116,7 +116,7 @@ def test_listening_line() -> None:
 
 def start(*argv: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "genrm_trio.testing._fake_judge_cli", *argv],
+        [sys.executable, "-m", "genrm_trio.fakes.judge_command", *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -16,7 +16,7 @@ from typing import Any
 from genrm_trio.config import JudgeApi
 from genrm_trio.core.messages import format_seconds
 from genrm_trio.core.verdicts import Verdict
-from genrm_trio.judge.replies import ReplyNotJson, ReplyReading, decode_reply, read_reply
+from genrm_trio.judge._replies import ReplyNotJson, ReplyReading, decode_reply, read_reply
 from genrm_trio.judge.transport import JudgeTransportError
 
 # Only 1000 code points of an error body are shown, and no code point is longer than 4 bytes.

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from _fake_judge_support import chat_body, chat_content, chat_verdict, responses_body
 
-from genrm_trio.testing.fake_judge import (
+from genrm_trio.fakes.judge import (
     FakeJudge,
     FakeReply,
     pair_rule,

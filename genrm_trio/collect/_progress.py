@@ -10,7 +10,7 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from genrm_trio.collect.runner import RunCounts
+from genrm_trio.collect._runner import RunCounts
 
 
 class Progress:

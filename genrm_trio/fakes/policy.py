@@ -24,8 +24,8 @@ from typing import Any
 import trio
 
 from genrm_trio.core.texts import convert_history
-from genrm_trio.testing.fake_judge import parse_latency
-from genrm_trio.testing.fake_judge_http import receive_body, serve_lifespan
+from genrm_trio.fakes.judge import parse_latency
+from genrm_trio.fakes.judge_http import receive_body, serve_lifespan
 
 DEFAULT_MODEL = "fake-policy"
 _CREATED = 1_700_000_000

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal, get_args
 
 import msgspec
 
-from genrm_trio.config.schema import (
+from genrm_trio.config._schema import (
     SAMPLING_KEY,
     AppendFsync,
     Config,

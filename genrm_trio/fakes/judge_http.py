@@ -1,6 +1,6 @@
 """Adapters that carry out the fake judge's replies over HTTP: an ASGI app and a real TCP server
 on Trio built directly on h11 (so broken connections are exact). The judge client's in-memory
-transport (testing/memory_transport.py) is the third adapter, with no HTTP in between.
+transport (fakes/memory_transport.py) is the third adapter, with no HTTP in between.
 
 Each adapter passes a request to :meth:`FakeJudge.handle`, sleeps the reply's ``delay_s`` with
 ``trio.sleep`` (instant and exact under a mock clock) while watching for the caller going away,
@@ -39,7 +39,7 @@ import h11
 import httpx
 import trio
 
-from genrm_trio.testing.fake_judge import FakeJudge, FakeReply
+from genrm_trio.fakes.judge import FakeJudge, FakeReply
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from genrm_trio.collect.rows import (
+from genrm_trio.collect._rows import (
     COLLECTOR_CLASSES,
     GROUP_ATTEMPT,
     GROUP_ID,

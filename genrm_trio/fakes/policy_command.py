@@ -9,8 +9,8 @@ import sys
 from collections.abc import Callable
 from functools import partial
 
-from genrm_trio.testing._fake_judge_cli import EXIT_USAGE, latency_arg, port_arg, run_until_signal
-from genrm_trio.testing._fake_policy import FakePolicy, parse_range, serve_fake_policy
+from genrm_trio.fakes.judge_command import EXIT_USAGE, latency_arg, port_arg, run_until_signal
+from genrm_trio.fakes.policy import FakePolicy, parse_range, serve_fake_policy
 
 
 def _range_arg(what: str) -> Callable[[str], str]:

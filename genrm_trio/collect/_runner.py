@@ -23,10 +23,10 @@ import httpx
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from genrm_trio.collect.policy import PolicyClient, PolicyError
-from genrm_trio.collect.resend import Backoff, error_resend, reply_resend
-from genrm_trio.collect.resume import GroupPlan
-from genrm_trio.collect.rows import (
+from genrm_trio.collect._policy import PolicyClient, PolicyError
+from genrm_trio.collect._resend import Backoff, error_resend, reply_resend
+from genrm_trio.collect._resume import GroupPlan
+from genrm_trio.collect._rows import (
     GROUP_ATTEMPT,
     GROUP_ID,
     GROUP_INCOMPLETE,

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import trio
 
-from genrm_trio.client.bodies import Prompt, Response, group_body
-from genrm_trio.client.resend import (
+from genrm_trio.client._bodies import Prompt, Response, group_body
+from genrm_trio.client._resend import (
     Decision,
     Failed,
     Refused,
@@ -26,7 +26,7 @@ from genrm_trio.client.resend import (
     connection_lost,
     decide,
 )
-from genrm_trio.client.results import RolloutResult, failed_group
+from genrm_trio.client._results import RolloutResult, failed_group
 
 GROUP_ROUTE = "/verify_group"
 

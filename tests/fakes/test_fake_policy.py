@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from genrm_trio.core.texts import extract_scoring_text
-from genrm_trio.testing._fake_policy import FakePolicy, parse_range, serve_fake_policy
-from genrm_trio.testing.fake_judge import quality
+from genrm_trio.fakes.judge import quality
+from genrm_trio.fakes.policy import FakePolicy, parse_range, serve_fake_policy
 
 
 def _post(policy: FakePolicy, body: Any, path: str = "/v1/responses") -> tuple[int, Any]:

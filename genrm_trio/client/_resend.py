@@ -27,7 +27,7 @@ from typing import Final
 
 import msgspec
 
-from genrm_trio.client.results import GroupReply, RolloutResult, results_from_rows
+from genrm_trio.client._results import GroupReply, RolloutResult, results_from_rows
 from genrm_trio.core.messages import SHUTTING_DOWN
 
 # genrm-trio's 503 texts for a request it did not take (docs/failures.md, docs/group-store.md,

@@ -1,7 +1,7 @@
 """The fake judge's logic: quality, verdicts, the order of its decisions, statistics and
 recordings. What it can be told to do (latency, prefix cache, rules, faults) is parsed in
-``fake_judge_rules``; the replies it builds and the request checks are in ``fake_judge_replies``.
-Adapters in ``fake_judge_http`` feed it requests and carry out the reply it decides (§8.2).
+``_judge_rules``; the replies it builds and the request checks are in ``_judge_replies``.
+Adapters in ``judge_http`` feed it requests and carry out the reply it decides (§8.2).
 
 Theory of operation. Every HTTP request goes through :meth:`FakeJudge.handle`, which is
 synchronous and returns a :class:`FakeReply`: what to send (status, headers, body), how
@@ -35,10 +35,10 @@ import re
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs
 
-from genrm_trio.testing._fake_judge_replies import (
+from genrm_trio.fakes._judge_replies import (
     CREATED,
     Call,
     FakeReply,
@@ -51,7 +51,7 @@ from genrm_trio.testing._fake_judge_replies import (
     json_bytes,
     json_reply,
 )
-from genrm_trio.testing._fake_judge_rules import (
+from genrm_trio.fakes._judge_rules import (
     ACTIONS,
     APIS,
     Api,
@@ -64,9 +64,8 @@ from genrm_trio.testing._fake_judge_rules import (
     parse_latency,
     parse_prefix_cache,
 )
-
-if TYPE_CHECKING:
-    from genrm_trio.judge.transport import TransportFactory
+from genrm_trio.fakes.memory_transport import memory_transport
+from genrm_trio.judge.transport import TransportFactory
 
 __all__ = [
     "ACTIONS",
@@ -303,8 +302,6 @@ class FakeJudge:
     def transport(self) -> TransportFactory:
         """The judge client's in-memory transport serving this judge (no sockets): pass it as
         ``JudgeClient(config, transport=...)`` or as a server's ``judge_transport``."""
-        from genrm_trio.testing.memory_transport import memory_transport
-
         return memory_transport(self)
 
     # -- request handling ----------------------------------------------------------------

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from genrm_trio.client.resend import GATEWAY_STATUSES, RESENDABLE_503_PREFIXES
+from genrm_trio.client import GATEWAY_STATUSES, RESENDABLE_503_PREFIXES
 from genrm_trio.core.messages import exception_text
 
 SHOWN_BODY_CHARS = 300

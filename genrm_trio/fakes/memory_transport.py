@@ -2,7 +2,7 @@
 
 No sockets and no framing, but the same seam, the same failures and the same keep-alive
 bookkeeping as the network transport, so that tests under a mock clock run the client's real
-attempt loop. A :class:`~genrm_trio.testing.fake_judge.FakeJudge` decides each reply; this
+attempt loop. A :class:`~genrm_trio.fakes.judge.FakeJudge` decides each reply; this
 module carries it out:
 
 =================  ===========================================================================
@@ -26,12 +26,14 @@ counts show in :meth:`MemoryTransport.statistics`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import trio
 
+from genrm_trio.fakes._judge_replies import FakeReply
 from genrm_trio.judge.transport import (
     CLOSED_BEFORE_REPLY,
     JudgeEndpoint,
@@ -43,9 +45,26 @@ from genrm_trio.judge.transport import (
     TransportStatistics,
     closed_in_body,
 )
-from genrm_trio.testing.fake_judge import FakeJudge
 
-__all__ = ["BodyReply", "MemoryTransport", "memory_transport"]
+__all__ = ["BodyReply", "JudgeCore", "MemoryTransport", "memory_transport"]
+
+
+class JudgeCore(Protocol):
+    """What the transport needs of a judge: the synchronous core every adapter drives
+    (`FakeJudge`). The transport knows only this, so the judge can hand out its own transport
+    (`FakeJudge.transport()`)."""
+
+    def handle(
+        self,
+        method: str,
+        target: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes,
+        *,
+        now: float,
+    ) -> FakeReply: ...
+
+    def end_request(self, reply: FakeReply, *, cancelled: bool) -> None: ...
 
 
 class BodyReply(JudgeReply):
@@ -99,7 +118,7 @@ def _bytes(value: bytes | str) -> bytes:
 class MemoryTransport(JudgeTransport):
     """Serves a :class:`FakeJudge` to the judge client in process; see the module docstring."""
 
-    def __init__(self, judge: FakeJudge, endpoint: JudgeEndpoint) -> None:
+    def __init__(self, judge: JudgeCore, endpoint: JudgeEndpoint) -> None:
         self.judge = judge
         parsed = urlsplit(endpoint.url)
         self.target = (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else "")
@@ -119,7 +138,7 @@ class MemoryTransport(JudgeTransport):
         await trio.lowlevel.checkpoint()
         return await self.serve(self.judge, body)
 
-    async def serve(self, judge: FakeJudge, body: bytes) -> JudgeReply:
+    async def serve(self, judge: JudgeCore, body: bytes) -> JudgeReply:
         """Have ``judge`` answer ``body`` sent on one of this transport's connections."""
         # A connection that fails or is not read in full is not given back (see _keep).
         if self._idle:
@@ -168,6 +187,6 @@ class MemoryTransport(JudgeTransport):
         return TransportStatistics(connections_opened=self._opened, idle_connections=self._idle)
 
 
-def memory_transport(judge: FakeJudge) -> TransportFactory:
+def memory_transport(judge: JudgeCore) -> TransportFactory:
     """The judge client's ``transport`` (the server's ``judge_transport``) serving ``judge``."""
     return partial(MemoryTransport, judge)

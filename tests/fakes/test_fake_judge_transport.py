@@ -1,4 +1,4 @@
-"""The fake judge through the in-memory judge transport (testing/memory_transport.py), as the
+"""The fake judge through the in-memory judge transport (fakes/memory_transport.py), as the
 judge client uses it: every CL-15 action, the CL-11 checks, latency and cancellation under a mock
 clock. Control routes are not judge calls; they are tested over ASGI and TCP.
 """
@@ -23,9 +23,9 @@ from _fake_judge_support import (
     responses_text,
 )
 
+from genrm_trio.fakes.judge import FakeJudge, pair_rule
+from genrm_trio.fakes.memory_transport import MemoryTransport
 from genrm_trio.judge.transport import JudgeEndpoint, JudgeReply, RemoteProtocolError
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
-from genrm_trio.testing.memory_transport import MemoryTransport
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from genrm_trio.config.checks import (
+from genrm_trio.config._checks import (
     ConfigError,
     InvalidValue,
     config_from_mapping,
@@ -23,7 +23,7 @@ from genrm_trio.config.checks import (
     shorten,
     url_without_userinfo,
 )
-from genrm_trio.config.schema import SAMPLING_KEY, Config, default_sampling
+from genrm_trio.config._schema import SAMPLING_KEY, Config, default_sampling
 from genrm_trio.core.messages import format_seconds
 
 API_KEY_ENV = "GENRM_JUDGE_API_KEY"
@@ -83,6 +83,7 @@ _ConfigYamlLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def parse_yaml(text: str) -> Any:
+    """YAML as configuration is read: YAML 1.2 core-schema scalars, no repeated keys."""
     return yaml.load(text, Loader=_ConfigYamlLoader)
 
 
@@ -98,6 +99,8 @@ def _yaml_problem(exc: Exception) -> str:
 
 
 def read_config_file(path: str | os.PathLike[str]) -> Mapping[Any, Any]:
+    """A configuration file's mapping (empty for an empty file); ``ConfigError`` says why a file
+    cannot be read as one."""
     shown = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as handle:

@@ -12,8 +12,8 @@ import trio
 import trio.testing
 from _fake_judge_support import BASE_URL, chat_body, chat_verdict, responses_body
 
-from genrm_trio.testing.fake_judge import FakeJudge, pair_rule
-from genrm_trio.testing.fake_judge_http import FakeJudgeApp, fake_judge_app
+from genrm_trio.fakes.judge import FakeJudge, pair_rule
+from genrm_trio.fakes.judge_http import FakeJudgeApp, fake_judge_app
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Literal
 
-from genrm_trio.testing._fake_judge_rules import Api
+from genrm_trio.fakes._judge_rules import Api
 
 ReplyKind = Literal["respond", "truncate", "close", "hang"]
 
