@@ -12,12 +12,13 @@ once) or ``failed`` (one failure for everyone). Terminal records never change ph
 
 ``transition(group, event, ...)`` applies one event to one group, in place, as one critical
 section: plain synchronous code that runs to its end without yielding (I-1), so no other task
-can observe a half-made transition. In place rather than returning a new group: the memory store
-keeps its groups as these very objects, and copying a group of 16 members at every arrival
-would cost more than the rest of the transition; a store that must be able to drop the result
-(the Redis store, when its EXEC finds the group changed) decodes a fresh group for every try. Every store runs this same function on the group it loaded
+can observe a half-made transition. Every store runs this same function on the group it loaded
 (the memory store on the group it holds, the Redis store under WATCH/MULTI/EXEC, running it
-again when the group changed under it) and keeps what it leaves. The returned ``Decision`` names
+again when the group changed under it) and keeps what it leaves. It changes the group in place
+rather than returning a new one: the memory store keeps its groups as these very objects, and
+copying a group of 16 members at every arrival would cost more than the rest of the transition;
+a store that must be able to drop the result (the Redis store, when its EXEC finds the group
+changed) decodes a fresh group for every try. The returned ``Decision`` names
 everything that follows: the answer or the wait of each arriving request, an evaluation that
 starts collecting here or is claimed here (with a snapshot of what it judges), comparisons ready
 to judge, a group offered to another process, the records that ended with every slot's answer,
