@@ -63,6 +63,7 @@ from genrm_trio.runtime.compare import CompareUnavailable, run_compare
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.store.configured import configured_store
+from genrm_trio.store.group_store import GroupStore
 from genrm_trio.wire.bodies import BadRequest
 from genrm_trio.wire.group_bodies import parse_group_body
 from genrm_trio.wire.parsing import body_too_large, parse_compare_body
@@ -136,8 +137,10 @@ def create_app(
     *,
     judge_transport: TransportFactory | None = None,
     hooks: Hooks | None = None,
+    store: GroupStore | None = None,
 ) -> GenRMApp:
-    """Build an independent server instance; `judge_transport` replaces the judge's network."""
+    """Build an independent server instance; `judge_transport` replaces the judge's network,
+    `store` the group store the configuration names (`group_store`)."""
     if not isinstance(config, Config):
         config = config_from_mapping(config)
     app = GenRMApp("genrm_trio")
@@ -145,7 +148,9 @@ def create_app(
     # waiting requests off long before the group's own deadlines.
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
-    engine = Engine(config, configured_store(config), judge_transport=judge_transport, hooks=hooks)
+    if store is None:
+        store = configured_store(config)
+    engine = Engine(config, store, judge_transport=judge_transport, hooks=hooks)
     app.engine = engine
     budget = SpoolBudget(config.waiting_body_memory_bytes)
     receiver = BodyReceiver(budget, config.max_body_bytes, app.config["BODY_TIMEOUT"])

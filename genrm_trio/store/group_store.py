@@ -144,6 +144,11 @@ class GroupStore(Protocol):
     retry_s: float  # how long a transition that found the store unreachable waits to retry
 
     @property
+    def busy(self) -> bool:
+        """A command is on its way to the store (a test waits for its I/O to be done)."""
+        ...
+
+    @property
     def tenure(self) -> Tenure:
         """How long a claim of an evaluation lasts here (core/ownership.py)."""
         ...

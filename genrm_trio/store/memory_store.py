@@ -72,6 +72,7 @@ class MemoryGroupStore:
     name = "memory"
     available = True
     retry_s = 1.0  # never used: the memory store does not fail
+    busy = False  # nothing is ever on its way
 
     def __init__(self, config: Config, *, clock: Callable[[], float] = trio.current_time) -> None:
         """``clock``: the store's time (Trio's; a test without an event loop gives its own)."""

@@ -186,6 +186,10 @@ class RedisGroupStore:
     def tenure(self) -> Tenure:
         return self.rules.tenure
 
+    @property
+    def busy(self) -> bool:
+        return self.client.in_use > 0
+
     # ---- keys ------------------------------------------------------------------------------
 
     def record_key(self, ref: str) -> str:

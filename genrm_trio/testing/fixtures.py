@@ -29,7 +29,14 @@ from genrm_trio.core.statistics import Statistics
 from genrm_trio.http.app import GenRMApp, create_app
 from genrm_trio.runtime.hooks import Hooks
 from genrm_trio.testing.controlled_judge import ControlledJudge, group_marker
-from genrm_trio.testing.harness import SCENARIO_DEFAULTS, PendingReply, Reply, Server, member
+from genrm_trio.testing.harness import (
+    SCENARIO_DEFAULTS,
+    PendingReply,
+    Reply,
+    Server,
+    member,
+    server_store,
+)
 from genrm_trio.testing.instrument import CriticalSectionInstrument
 
 __all__ = [
@@ -184,7 +191,8 @@ async def serve(
     instrument = CriticalSectionInstrument()
     trio.lowlevel.add_instrument(instrument)
     try:
-        app = create_app(config, judge_transport=judge.transport(), hooks=hooks)
+        store = server_store(config)
+        app = create_app(config, judge_transport=judge.transport(), hooks=hooks, store=store)
         async with app.test_app():
             transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
             async with httpx.AsyncClient(

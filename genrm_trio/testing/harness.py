@@ -4,27 +4,59 @@
 a real httpx client over ASGI; the judge is a `FakeJudge` reached through the in-memory judge
 transport (fakes/memory_transport.py). Defaults follow the acceptance-scenario harness of
 §10.
+
+Its groups live in the store the configuration names, unless the caller gives one, or runs the
+server inside ``servers_on(stores)``: a suite that runs the same tests on several group stores
+sets, per test, where every server such a test starts keeps its groups.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import msgspec
 import trio
+import trio.testing
 
 from genrm_trio.config import Config, config_from_mapping
 from genrm_trio.core.exact_ints import int_from_digits
 from genrm_trio.fakes.judge import FakeJudge
 from genrm_trio.http.app import GenRMApp, create_app
 from genrm_trio.runtime.hooks import Hooks
+from genrm_trio.store.group_store import GroupStore
 
 JUDGE_URL = "http://fake-judge/v1"
+
+# A server's group store from its configuration.
+StoreFactory = Callable[[Config], GroupStore]
+# The innermost ``servers_on`` block's factory is last. Process-wide rather than a context
+# variable: a pytest fixture sets it outside the Trio run that the test then runs in.
+_stores: list[StoreFactory] = []
+
+
+@contextmanager
+def servers_on(stores: StoreFactory) -> Iterator[None]:
+    """Every server ``running_server`` (and the race harness's ``serve``) starts while this
+    block is open keeps its groups in a store ``stores`` makes from its configuration, unless
+    the caller gives one."""
+    _stores.append(stores)
+    try:
+        yield
+    finally:
+        _stores.remove(stores)
+
+
+def server_store(config: Config, store: GroupStore | None = None) -> GroupStore | None:
+    """The store a harness server runs on: ``store``, else the one of the innermost open
+    ``servers_on`` block, else None (the one the configuration names)."""
+    if store is not None:
+        return store
+    return _stores[-1](config) if _stores else None
 
 SCENARIO_DEFAULTS: dict[str, Any] = {
     "judge_base_url": JUDGE_URL,
@@ -131,6 +163,12 @@ class Server:
     async def compare(self, body: Any) -> Reply:
         return await self.post("/compare", body)
 
+    async def groups(self) -> dict[str, int]:
+        """The group store's counts as /healthz gives them (with a shared store, the whole
+        deployment's): active groups, retained results, watermarks."""
+        body = (await self.get("/healthz")).body
+        return {k: body[k] for k in ("active_groups", "retained_records", "watermarks")}
+
     async def get(self, path: str) -> Reply:
         response = await self.client.get(path)
         return Reply(response.status_code, response.json(), response.content)
@@ -159,6 +197,16 @@ class Server:
             for index in range(len(bodies)):
                 nursery.start_soon(one, index)
         return [reply for reply in replies if reply is not None]
+
+    async def settle(self) -> None:
+        """Wait until every request posted so far has reached its group (answered, or waiting
+        for it) and every task is blocked. With a shared store a task waiting for the store
+        looks blocked too: this also waits, in real time, until no arrival waits for its
+        group's transition and no command is on its way to the store."""
+        engine = self.app.engine
+        await trio.testing.wait_all_tasks_blocked()
+        while engine.queued or engine.store.busy:
+            await trio.testing.wait_all_tasks_blocked(cushion=0.001)
 
     def start_verify(self, nursery: trio.Nursery, body: Any) -> PendingReply:
         """Post in the background; cancel `pending.scope` to disconnect the client."""
@@ -197,6 +245,7 @@ async def running_server(
     *,
     judge: FakeJudge | None = None,
     hooks: Hooks | None = None,
+    store: GroupStore | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Server]:
     """Run one server instance (lifespan included) on a fake judge; yields a `Server`."""
@@ -205,7 +254,8 @@ async def running_server(
         config = settings
     else:
         config = config_from_mapping({**SCENARIO_DEFAULTS, **(settings or {}), **overrides})
-    app = create_app(config, judge_transport=judge.transport(), hooks=hooks)
+    store = server_store(config, store)
+    app = create_app(config, judge_transport=judge.transport(), hooks=hooks, store=store)
     async with app.test_app():
         transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
         async with httpx.AsyncClient(transport=transport, base_url="http://genrm.test") as client:

@@ -103,11 +103,11 @@ async def test_a_group_body_waits_unread_for_room_in_the_memory_budget() -> None
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(post, "first", first)
-            await trio.testing.wait_all_tasks_blocked()
+            await server.settle()
             # The first group is being judged, its body counted.
             assert budget.in_memory == len(first)
             nursery.start_soon(post, "second", second)
-            await trio.testing.wait_all_tasks_blocked()
+            await server.settle()
             # The second waits, unread, until the first's body has gone.
             assert budget.in_memory == len(first)
             assert "second" not in replies

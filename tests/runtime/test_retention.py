@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -29,7 +30,7 @@ def watermarks(server: Server) -> set[str]:
 
 
 async def test_results_and_watermarks_expire_independently(autojump_clock) -> None:
-    # AS-133
+    # AS-133, as a client sees it: a replay renews the watermark's idle time, never the result's.
     async with running_server(cohort_result_ttl_s=10) as server, trio.open_nursery() as n:
         await at(100)
         await server.complete("a")
@@ -38,24 +39,32 @@ async def test_results_and_watermarks_expire_independently(autojump_clock) -> No
         await at(109)
         assert (await server.verify(member(0, g="a"))).reward == 3.0
         await at(110.5)
-        server.start_verify(n, member(0, g="z"))
-        await trio.testing.wait_all_tasks_blocked()
-        assert retained(server) == {"b"} and {"a", "b"} <= watermarks(server)
+        # a's result is gone (finished at 100), its watermark is not (renewed at 109).
         gone = await server.verify(member(0, g="a"))
         assert (gone.status, gone.detail) == (409, NOT_RETAINED)
         await at(111.5)
-        server.start_verify(n, member(0, g="z"))
-        await trio.testing.wait_all_tasks_blocked()
-        assert retained(server) == set() and watermarks(server) == {"a", "z"}
+        # b's result and watermark are gone (both since 101): attempt 0 starts afresh.
+        fresh = server.start_verify(n, member(0, g="b"))
+        await server.settle()
+        assert not fresh.done.is_set()
+        gone = await server.verify(member(0, g="a"))
+        assert (gone.status, gone.detail) == (409, NOT_RETAINED)
         n.cancel_scope.cancel()
 
 
+INDEXES = (
+    "the memory store's own retention indexes and their pruning at each arrival (R-3, I-9); "
+    "the Redis store trims its sorted sets after every write (tests/store)"
+)
+
+
+@pytest.mark.stores("memory", why=INDEXES)
 async def test_active_groups_never_evict_finished_work(autojump_clock) -> None:
     # AS-134
     async with running_server(cohort_result_ttl_s=None, max_terminal_cohorts=1) as server:
         async with trio.open_nursery() as n:
             a0 = server.start_verify(n, member(0, g="a"))
-            await trio.testing.wait_all_tasks_blocked()
+            await server.settle()
             await server.complete("b")
             await server.complete("c")
             calls = server.calls()
@@ -68,6 +77,7 @@ async def test_active_groups_never_evict_finished_work(autojump_clock) -> None:
         assert retained(server) == {"a"}
 
 
+@pytest.mark.stores("memory", why=INDEXES)
 async def test_a_long_collection_keeps_its_watermark(autojump_clock) -> None:
     # AS-135
     async with running_server(cohort_result_ttl_s=10, cohort_collection_timeout_s=1000) as server:
@@ -78,12 +88,13 @@ async def test_a_long_collection_keeps_its_watermark(autojump_clock) -> None:
             await server.complete("done")
             await at(112)
             server.start_verify(n, member(0, g="other"))
-            await trio.testing.wait_all_tasks_blocked()
+            await server.settle()
             assert retained(server) == set()
             assert watermarks(server) == {"a", "other"}
             n.cancel_scope.cancel()
 
 
+@pytest.mark.stores("memory", why=INDEXES)
 async def test_pruning_cost_is_bounded_by_what_it_removes(autojump_clock) -> None:
     # AS-136, AS-137, AS-138
     async with running_server(
@@ -92,12 +103,12 @@ async def test_pruning_cost_is_bounded_by_what_it_removes(autojump_clock) -> Non
         async with trio.open_nursery() as n:
             for k in range(1000):
                 server.start_verify(n, member(0, g=f"active-{k}"))
-            await trio.testing.wait_all_tasks_blocked()
+            await server.settle()
             await server.complete("finished")
             before = server.engine.statistics().prune_visits
             for k in range(3):
                 server.start_verify(n, member(0, g=f"late-{k}"))
-                await trio.testing.wait_all_tasks_blocked()
+                await server.settle()
             assert server.engine.statistics().prune_visits - before <= 6
             n.cancel_scope.cancel()
     async with running_server(cohort_result_ttl_s=10) as server:
@@ -107,13 +118,14 @@ async def test_pruning_cost_is_bounded_by_what_it_removes(autojump_clock) -> Non
         await trio.sleep(11)
         async with trio.open_nursery() as n:
             server.start_verify(n, member(0, g="trigger"))
-            await trio.testing.wait_all_tasks_blocked()
+            await server.settle()
             removed = 2048
             assert server.engine.statistics().prune_visits - before <= removed + 2
             assert retained(server) == set()
             n.cancel_scope.cancel()
 
 
+@pytest.mark.stores("memory", why=INDEXES)
 async def test_statistics_return_to_zero_after_everything_expires(autojump_clock) -> None:
     # AS-139
     async with running_server(cohort_result_ttl_s=10, cohort_collection_timeout_s=1) as server:
@@ -167,6 +179,7 @@ async def test_count_cap_evicts_a_result_but_keeps_its_watermark(autojump_clock)
         assert (await server.complete("a", 1))[0].reward == 3.0
 
 
+@pytest.mark.stores("memory", why=INDEXES)
 async def test_result_outliving_its_watermark_still_fences(autojump_clock) -> None:
     # AS-144
     async with running_server(max_terminal_cohorts=2, cohort_result_ttl_s=None) as server:
@@ -176,7 +189,7 @@ async def test_result_outliving_its_watermark_still_fences(autojump_clock) -> No
         await server.complete("c")
         async with trio.open_nursery() as n:
             server.start_verify(n, member(0, g="d"))
-            await trio.testing.wait_all_tasks_blocked()
+            await server.settle()
             n.cancel_scope.cancel()
         assert "b" not in watermarks(server) and "b" in retained(server)
         other = await server.verify(member(0, g="b", a=1, prompt="other"))
@@ -188,6 +201,7 @@ async def test_result_outliving_its_watermark_still_fences(autojump_clock) -> No
         assert older.status == 409 and "superseded by attempt 1" in older.detail
 
 
+@pytest.mark.stores("memory", why=INDEXES)
 async def test_superseded_record_uses_no_retention_slot(autojump_clock) -> None:
     # AS-147
     judge = FakeJudge(rules=[{"match": {"response_1": "answer-0 [[q=3]]"}, "action": "hang"}])
@@ -196,15 +210,15 @@ async def test_superseded_record_uses_no_retention_slot(autojump_clock) -> None:
     ) as s:
         async with trio.open_nursery() as n:
             old = [s.start_verify(n, member(i)) for i in range(2)]
-            await trio.testing.wait_all_tasks_blocked()
+            await s.settle()
             new0 = s.start_verify(n, member(0, a=1, regenerated=True))
             for pending in old:
                 stale = await pending.result()
                 assert stale.status == 503 and "superseded by attempt 1" in stale.detail
-            await trio.testing.wait_all_tasks_blocked()
+            await s.settle()
             assert judge.stats()["in_flight"] == 0
             await trio.sleep(11)
-            await trio.testing.wait_all_tasks_blocked()
+            await s.settle()
             s.engine.store.prune(trio.current_time())
             assert retained(s) == set()
             assert s.engine.store.group("e:g").watermark.attempt == 1

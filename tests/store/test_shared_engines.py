@@ -1,5 +1,8 @@
 """Engines in one process sharing a real Redis server (X-4, X-1): groups whose members
-arrive at different engines, leases, notifications, the store going away and coming back."""
+arrive at different engines, leases, notifications, the store going away and coming back.
+
+What one server does with its groups is tested once, on every store, by tests/runtime and
+tests/http; this module tests what takes more than one process, or the store itself."""
 
 from __future__ import annotations
 
@@ -229,62 +232,6 @@ async def test_partial_masking_across_engines(shared_redis_server: RedisServer) 
         assert judge.stats()["requests_total"] == calls
 
 
-async def test_legacy_groups_across_engines_retire_on_completion(
-    shared_redis_server: RedisServer,
-) -> None:
-    judge = FakeJudge()
-    async with shared_engines(shared_redis_server.url, judge=judge) as (a, b):
-        first = await send_all([(a, member(0, 4, g=None)), (b, member(1, 2, g=None))])
-        assert rewards(first) == {0: 4.0, 1: 2.0}
-        again = await send_all([(b, member(0, 4, g=None)), (a, member(1, 2, g=None))])
-        assert rewards(again) == {0: 4.0, 1: 2.0}
-        assert judge.stats()["requests_total"] == 4  # a completed legacy group is judged anew
-        await check_store_invariants(a.store)
-
-
-async def test_count_cap_evicts_results_and_watermarks_in_order(
-    shared_redis_server: RedisServer,
-) -> None:
-    judge = FakeJudge()
-    async with shared_engines(shared_redis_server.url, judge=judge, max_terminal_cohorts=1) as (
-        a,
-        b,
-    ):
-        await send_all([(a, member(0, 4, g="g1")), (b, member(1, 2, g="g1"))])
-        await send_all([(a, member(0, 4, g="g2")), (b, member(1, 2, g="g2"))])
-        assert (await verify(b, member(0, 4, g="g2"))).reward == 4.0  # type: ignore[union-attr]
-        await check_store_invariants(a.store)
-        # g1's result and watermark are gone: a request starts a fresh group.
-        async with trio.open_nursery() as nursery:
-            fresh: list[Outcome] = []
-            nursery.start_soon(lambda: _append(fresh, verify(a, member(0, 4, g="g1"))))
-            await stored_and_waiting(a)
-            await verify(b, member(1, 3, g="g1"))
-        # Judged anew, as a fresh group: two more judge calls (counted below).
-        assert isinstance(fresh[0], Scored) and fresh[0].reward == 4.0
-        assert judge.stats()["requests_total"] == 6
-
-
-async def test_result_ttl_and_a_refreshed_watermark(
-    shared_redis_server: RedisServer, store_clock: MockClock
-) -> None:
-    async with shared_engines(
-        shared_redis_server.url, cohort_result_ttl_s=1.0, clock=harness_time
-    ) as (a, b):
-        await send_all([(a, member(0, 4)), (b, member(1, 2))])
-        await trio.sleep(0.6)
-        assert (await verify(b, member(0, 4))).reward == 4.0  # type: ignore[union-attr]
-        await trio.sleep(0.6)
-        # The result expired; the replay refreshed the watermark, which still fences.
-        gone = await verify(a, member(0, 4))
-        assert gone == Rejected(
-            409,
-            "GenRM group 'g' attempt 0 already finished and its result is no longer retained; "
-            "retry with a higher _ng_group_attempt",
-        )
-        await check_store_invariants(a.store)
-
-
 async def test_store_down_answers_503_naming_it_and_recovers(redis_server: RedisServer) -> None:
     judge = FakeJudge()
     async with shared_engines(redis_server.url, judge=judge) as (a, b):
@@ -422,20 +369,6 @@ async def test_a_non_judge_error_in_the_owner_fails_the_group_everywhere(
         assert waiting == [failed, failed]
         assert await verify(b, member(0, 7)) == failed  # any later request: the same failure
         assert judge.stats()["requests_total"] == 0
-
-
-async def test_non_finite_rewards_fail_the_shared_group(shared_redis_server: RedisServer) -> None:
-    # AS-112 with a shared store: the outcome is built inside the publishing transaction, and
-    # its failed check fails the group instead.
-    judge = FakeJudge(
-        rules=[{"action": "verdict", "score_1": 1e308, "score_2": 1e308, "ranking": 3.5}]
-    )
-    async with shared_engines(shared_redis_server.url, judge=judge) as (a, b):
-        results = await send_all([(a, member(0, 4)), (b, member(1, 2))])
-        for outcome in results.values():
-            assert isinstance(outcome, Rejected) and outcome.status == 503
-            assert "non-finite cohort rewards" in outcome.detail
-        await check_store_invariants(a.store)
 
 
 async def test_a_conversion_failure_answers_the_members_already_waiting(
