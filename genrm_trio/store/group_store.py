@@ -14,14 +14,14 @@ shared by several processes (store/redis_store.py, store/redis_watcher.py).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import trio
 
 from genrm_trio.core.outcomes import Ended
 from genrm_trio.core.ownership import Tenure
 from genrm_trio.core.statistics import GroupCounts, Statistics
-from genrm_trio.core.transition import Decision, Event
+from genrm_trio.core.transition import Decision, Event, Group
 from genrm_trio.judge.slots import JudgeSlots
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "GroupStore",
     "NoWatcher",
     "StoreFailed",
+    "StoreView",
     "Watched",
     "Watcher",
     "group_ref",
@@ -56,6 +57,17 @@ class StoreFailed(Exception):
 
     def __init__(self, address: str, cause: BaseException | str) -> None:
         super().__init__(f"GenRM group store {address} is unavailable: {cause}")
+
+
+class StoreView(NamedTuple):
+    """Every group of a store as one read found them, for checks: what has outlived the result
+    TTL is left out, as every reader leaves it out (core/transition.py)."""
+
+    groups: dict[str, Group]  # by ref
+    idle: list[str]  # explicit group ids in idle order, oldest first
+    terminal: list[str]  # refs of retained terminal records, oldest first
+    # Entries the store's pruning has looked at so far (R-4); None: its pruning is a script.
+    prune_visits: int | None
 
 
 class Watched(Protocol):
@@ -109,6 +121,11 @@ class Watcher(Protocol):
     async def sweep_once(self) -> None:
         """Look once for ended records, collection deadlines and expired leases."""
 
+    async def undelivered(self) -> bool:
+        """Whether a record this process waits on or judges has ended elsewhere and this
+        process has not heard of it yet (its notification is on its way, or lost)."""
+        ...
+
     async def close(self) -> None:
         """The process stops: give back what it holds of the deployment (bounded by the
         caller)."""
@@ -131,6 +148,9 @@ class NoWatcher:
 
     async def sweep_once(self) -> None:
         pass
+
+    async def undelivered(self) -> bool:
+        return False  # every end is this process's own, and acted on at once
 
     async def close(self) -> None:
         pass
@@ -198,6 +218,12 @@ class GroupStore(Protocol):
 
     def check_invariants(self) -> None:
         """Raise on a breach of I-2..I-4 in what this process holds."""
+
+    async def view(self) -> StoreView:
+        """Every group the store holds, in retention order, after checking I-2…I-4 on each
+        and the store's indexes against them (AssertionError if one is broken). For tests and
+        operators: it reads every group."""
+        ...
 
     async def aclose(self) -> None:
         """Let go of what the store holds: connections, or the groups themselves."""

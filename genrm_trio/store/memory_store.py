@@ -35,7 +35,7 @@ from genrm_trio.core.transition import (
     ShutDown,
     transition,
 )
-from genrm_trio.store.group_store import BeforeCommit, NoWatcher, Watched, Watcher
+from genrm_trio.store.group_store import BeforeCommit, NoWatcher, StoreView, Watched, Watcher
 
 __all__ = ["MemoryGroupStore"]
 
@@ -260,6 +260,13 @@ class MemoryGroupStore:
     def terminal_order(self) -> list[Record]:
         """Retained terminal records, oldest first."""
         return [g.record for g in self._terminal.values() if g.record is not None]
+
+    async def view(self) -> StoreView:
+        """The groups as they are: pruned at arrivals only, so what has expired since the last
+        arrival is still here (R-3)."""
+        self.check_invariants()
+        groups = {g.ref: g for g in self.groups()}
+        return StoreView(groups, self.idle_order(), self._terminal.keys(), self.prune_visits)
 
     def check_invariants(self) -> None:
         """Raise on a breach of I-2..I-4 in any group or index held here."""

@@ -32,7 +32,14 @@ from genrm_trio.core.ownership import Tenure
 from genrm_trio.core.records import Phase
 from genrm_trio.core.statistics import GroupCounts, Statistics
 from genrm_trio.core.transition import Decision, Event, Group, Rules, plan_for, transition
-from genrm_trio.store.group_store import BeforeCommit, StoreFailed, Watched, Watcher, split_ref
+from genrm_trio.store.group_store import (
+    BeforeCommit,
+    StoreFailed,
+    StoreView,
+    Watched,
+    Watcher,
+    split_ref,
+)
 from genrm_trio.store.records import (
     decode_ended,
     decode_record,
@@ -485,7 +492,10 @@ class RedisGroupStore:
             self.counted = True
 
     def check_invariants(self) -> None:
-        pass  # the deployment's groups are checked by check_store_invariants, which reads them
+        pass  # the deployment's groups are checked by view(), which reads them
+
+    async def view(self) -> StoreView:
+        return await check_store_invariants(self)
 
     # ---- reads -----------------------------------------------------------------------------
 
@@ -561,8 +571,9 @@ class RedisGroupStore:
         await self.client.aclose()
 
 
-async def check_store_invariants(store: RedisGroupStore) -> dict[str, Group]:
-    """Load every group of the store, check I-2..I-4 on each, and return them by ref.
+async def check_store_invariants(store: RedisGroupStore) -> StoreView:
+    """Load every group of the store, check I-2..I-4 on each, and return them with the
+    retention sets in score order (what expired by the store's clock left out).
 
     Also checks that the store's sorted sets name exactly the records and watermarks they stand
     for. For tests and operators; it reads every key under the prefix.
@@ -613,19 +624,19 @@ async def check_store_invariants(store: RedisGroupStore) -> dict[str, Group]:
     for group in groups.values():
         check_group(group)
 
-    async def live(name: str) -> set[str]:
+    async def live(name: str) -> list[str]:
         flat = await store.call("ZRANGE", f"{store.prefix}{name}", 0, -1, "WITHSCORES")
         pairs = zip(flat[::2], flat[1::2], strict=True)
-        return {m.decode() for m, score in pairs if ttl is None or now - float(score) < ttl}
+        return [m.decode() for m, score in pairs if ttl is None or now - float(score) < ttl]
 
     retained = {
         ref for ref, g in groups.items() if g.record is not None and not g.record.phase.active
     }
     terminal = await live("terminal")
-    if terminal != retained:
+    if set(terminal) != retained:
         raise AssertionError(f"terminal set {sorted(terminal)} != records {sorted(retained)}")
-    idle = {ref[2:] for ref, g in groups.items() if g.idle_since is not None}
-    if await live("idle") != idle:
+    idle = await live("idle")
+    if set(idle) != {ref[2:] for ref, g in groups.items() if g.idle_since is not None}:
         raise AssertionError("idle set != idle watermarks")
     legacy_active = {m.decode() for m in await store.call("SMEMBERS", store.legacy_active)}
     active_legacy = {
@@ -635,4 +646,4 @@ async def check_store_invariants(store: RedisGroupStore) -> dict[str, Group]:
     }
     if legacy_active != active_legacy:
         raise AssertionError(f"legacy-active set {sorted(legacy_active)} != active legacy records")
-    return groups
+    return StoreView(groups, idle, terminal, None)

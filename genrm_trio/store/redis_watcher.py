@@ -128,6 +128,9 @@ class RedisWatcher:
                 self.subscribed = False
                 await connection.aclose()
 
+    async def undelivered(self) -> bool:
+        return bool(await self.store.ended_records(self.engine.watched_records()))
+
     async def _poll_ended(self) -> None:
         ended = await self.store.ended_records(self.engine.watched_records())
         for record in ended.values():

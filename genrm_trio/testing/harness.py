@@ -58,6 +58,7 @@ def server_store(config: Config, store: GroupStore | None = None) -> GroupStore 
         return store
     return _stores[-1](config) if _stores else None
 
+
 SCENARIO_DEFAULTS: dict[str, Any] = {
     "judge_base_url": JUDGE_URL,
     "judge_model": "judge",

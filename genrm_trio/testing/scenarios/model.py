@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any, Literal
 
 from genrm_trio.config import Config
 from genrm_trio.core import messages
-from genrm_trio.fakes.judge import verdict_for_qualities
-from genrm_trio.judge.transport import CLOSED_BEFORE_REPLY
-from genrm_trio.testing._invariants import CallKey, Expected
-from genrm_trio.testing.harness import JUDGE_URL
+from genrm_trio.testing._invariants import Expected
+from genrm_trio.testing.scenarios.judge_model import JudgeModel
+from genrm_trio.testing.scenarios.model_records import ModelMember, ModelRecord
+from genrm_trio.testing.scenarios.retained_model import RetainedModel
 from genrm_trio.testing.scenarios.steps import (
     COLLECTION_TIMEOUT,
     CONVERSION_FAULT,
@@ -24,115 +21,55 @@ from genrm_trio.testing.scenarios.steps import (
     Fault,
     Post,
     Release,
-    comparison_pairs,
     prompt,
 )
-
-_Verdict = tuple[float, float, float]
-
-
-@dataclass(eq=False)
-class _Comparison:
-    index: int
-    first: int
-    second: int
-    judge_pass: int
-    state: Literal["idle", "running", "held", "hang", "done", "cancelled"] = "idle"
-    outcomes: list[str] = field(default_factory=list)  # attempt classes so far
-    deadline: float = math.inf  # when a held or hanging attempt times out
-    verdict: _Verdict | None = None
-    failure: str | None = None  # the judge error text, or its known beginning
-
-
-@dataclass(eq=False)
-class _Member:
-    slot: int
-    identity: tuple[str, int, int, int, int]
-    quality: int
-    waiters: list[int]
-    outcome: Expected | None = None
-
-
-@dataclass(eq=False)
-class _Record:
-    key: str
-    group: str | None  # explicit group id
-    marker: str
-    attempt: int
-    digest: str
-    legacy_key: str | None
-    started_at: float
-    phase: Literal["collecting", "evaluating", "completed", "failed"] = "collecting"
-    members: dict[int, _Member] = field(default_factory=dict)
-    comparisons: list[_Comparison] = field(default_factory=list)
-    evaluation_started: float = math.inf
-    failure: Expected | None = None
-    owner: int | None = None  # shared mode: the engine that claimed the evaluation
-    orphaned: bool = False  # shared mode: its owner died; the group waits for its lease
-
-    @property
-    def active(self) -> bool:
-        return self.phase in ("collecting", "evaluating")
 
 
 class Model:
     """§5 and §3.3 written out again, small and slow, for the answers a run must give."""
 
     def __init__(
-        self, config: Config, faults: Iterable[Fault], *, shared_lease: float | None = None
+        self,
+        config: Config,
+        faults: Iterable[Fault],
+        *,
+        lease: float | None = None,
+        trimmed: bool = False,
     ) -> None:
-        # Shared mode (engines on one store, `shared_lease` their lease): a shutdown or a
-        # killed engine fails no group; a dead owner's evaluation ends when its lease expires.
-        self.shared_lease = shared_lease
+        # The store's lease (core/ownership.py): with one, a shutdown or a killed engine fails
+        # no group, and a dead owner's evaluation ends when its lease expires. Without one,
+        # the groups die with the process.
+        self.lease = lease
+        # The store trims its retention after every write and hides what has expired (the
+        # Redis store), rather than pruning at arrivals (the memory store, R-3).
+        self.trimmed = trimmed
         self.engine = 0  # the engine the current post was sent to
         self.routes: dict[int, int] = {}  # request -> engine (shared mode)
         self.size = config.num_rollouts_per_prompt
         self.early = config.early_judging
-        self.ttl = config.cohort_result_ttl_s
-        self.cap = config.max_terminal_cohorts
         self.request_timeout = config.judge_request_timeout_s
-        self.max_attempts = config.genrm_parse_retries + 1
-        self.default = (config.default_score, config.default_score, config.default_ranking)
-        self.max_tokens = str(config.genrm_responses_create_params.get("max_output_tokens"))
-        self.url = JUDGE_URL + "/chat/completions"
-        pairs = comparison_pairs(config.comparison_strategy, self.size)
-        passes = config.num_judges_per_comparison
-        self.plan = [
-            (p * len(pairs) + k, i, j, p) for p in range(passes) for k, (i, j) in enumerate(pairs)
-        ]
-        self.controls: dict[tuple[str, int, tuple[int, int]], list[Any]] = {}
-        for fault in faults:
-            uses = passes if fault.kind == "hold" else fault.times
-            where = (fault.group, fault.attempt, fault.pair)
-            if where in self.controls:
-                raise ValueError(
-                    f"two faults for group {fault.group!r} attempt {fault.attempt} "
-                    f"pair {fault.pair}"
-                )
-            self.controls[where] = [fault.kind, uses]
-        self.closed = False
-        self.explicit: dict[str, _Record] = {}
-        self.legacy: dict[str, _Record] = {}
-        self.watermarks: dict[str, tuple[int, str]] = {}
-        self.terminal: OrderedDict[int, tuple[float, _Record]] = OrderedDict()
-        self.idle: OrderedDict[str, float] = OrderedDict()
-        self.active: dict[int, _Record] = {}
-        self.waiting: dict[int, tuple[_Record, int]] = {}
-        self.calls: Counter[CallKey] = Counter()
         self.counts: Counter[str] = Counter()
+        self.judge = JudgeModel(config, faults, self.counts)
+        self.closed = False
+        self.explicit: dict[str, ModelRecord] = {}
+        self.legacy: dict[str, ModelRecord] = {}
+        self.retained = RetainedModel(config, self.counts)
+        # The retention indexes (R-1), shared with the model of their pruning.
+        self.watermarks = self.retained.watermarks
+        self.terminal = self.retained.terminal
+        self.idle = self.retained.idle
+        self.active: dict[int, ModelRecord] = {}
+        self.waiting: dict[int, tuple[ModelRecord, int]] = {}
         # per step: filled by the model, emptied by the runner after each check
         self.answered: dict[int, Expected] = {}
         self.cancelled: set[int] = set()
-        self.changed_calls: set[CallKey] = set()
-        self.prunes = 0
-        self.removed = 0
 
     # -- time ------------------------------------------------------------------------------
 
-    def deadlines(self) -> dict[float, _Record]:
+    def deadlines(self) -> dict[float, ModelRecord]:
         """Every instant at which something will happen on its own, and to which record."""
-        found: dict[float, _Record] = {}
-        if self.closed and self.shared_lease is not None:
+        found: dict[float, ModelRecord] = {}
+        if self.closed and self.lease is not None:
             return found  # no engine is left to sweep the store
         for record in self.active.values():
             ends = self._end_of_phase(record)
@@ -142,13 +79,13 @@ class Model:
                     found[comparison.deadline] = record
         return found
 
-    def _end_of_phase(self, record: _Record) -> float:
+    def _end_of_phase(self, record: ModelRecord) -> float:
         if record.phase == "collecting":
             return record.started_at + COLLECTION_TIMEOUT
         if record.orphaned:
             # The first sweep after the lease expired fails it: the deadline has passed.
-            assert self.shared_lease is not None
-            return record.evaluation_started + self.shared_lease
+            assert self.lease is not None
+            return record.evaluation_started + self.lease
         return record.evaluation_started + EVALUATION_TIMEOUT
 
     def collides(self, now: float) -> bool:
@@ -166,8 +103,8 @@ class Model:
             EVALUATION_TIMEOUT,
             self.request_timeout,
         )
-        if self.shared_lease is not None:
-            offsets += (self.shared_lease,)
+        if self.lease is not None:
+            offsets += (self.lease,)
         return any(now + offset in taken for offset in offsets)
 
     def expire(self, now: float) -> None:
@@ -196,7 +133,7 @@ class Model:
         for comparison in record.comparisons:
             if comparison.state in ("held", "hang") and comparison.deadline == now:
                 cause = f"TimeoutError: no complete reply within {self._seconds()}s"
-                self._conclude(record, comparison, "fatal", cause, now)
+                self.judge.conclude(record, comparison, "fatal", cause, now)
         self._finish_if_done(record, now)
 
     def _seconds(self) -> str:
@@ -206,7 +143,7 @@ class Model:
 
     def post(self, post: Post, now: float, engine: int = 0) -> None:
         self.engine = engine
-        starts: list[_Record] = []
+        starts: list[ModelRecord] = []
         for request in post.requests:
             self.routes[request] = engine
             self._arrive(post, request, now, starts)
@@ -216,7 +153,7 @@ class Model:
     def _answer(self, request: int, expected: Expected) -> None:
         self.answered[request] = expected
 
-    def _arrive(self, post: Post, request: int, now: float, starts: list[_Record]) -> None:
+    def _arrive(self, post: Post, request: int, now: float, starts: list[ModelRecord]) -> None:
         if self.closed:
             self._answer(request, Expected("rejected", 503, messages.SHUTTING_DOWN))
             return
@@ -272,15 +209,15 @@ class Model:
 
     def _new_record(
         self, key: str, gid: str | None, post: Post, digest: str, now: float
-    ) -> _Record:
-        record = _Record(key, gid, post.marker, post.attempt, digest, None, now)
-        record.comparisons = [_Comparison(*entry) for entry in self.plan]
+    ) -> ModelRecord:
+        record = ModelRecord(key, gid, post.marker, post.attempt, digest, None, now)
+        record.comparisons = self.judge.comparisons()
         self.active[id(record)] = record
         self.counts["records"] += 1
         return record
 
     def _member_step(
-        self, record: _Record, post: Post, request: int, now: float, starts: list[_Record]
+        self, record: ModelRecord, post: Post, request: int, now: float, starts: list[ModelRecord]
     ) -> None:
         if record.phase == "failed":
             assert record.failure is not None
@@ -312,7 +249,7 @@ class Model:
             assert record.failure is not None
             self._answer(request, record.failure)
             return
-        record.members[post.slot] = _Member(post.slot, identity, post.quality, [request])
+        record.members[post.slot] = ModelMember(post.slot, identity, post.quality, [request])
         self.waiting[request] = (record, post.slot)
         if len(record.members) == self.size:
             record.phase = "evaluating"
@@ -332,7 +269,7 @@ class Model:
 
     # -- judging (J-20 … J-24, C-60 … C-65, M-1 … M-6) ----------------------------------
 
-    def _start_ready(self, record: _Record, now: float) -> None:
+    def _start_ready(self, record: ModelRecord, now: float) -> None:
         """Judge every comparison not started yet whose two slots are filled (C-60; early
         judging starts them before the group is full)."""
         if not record.active:
@@ -342,92 +279,8 @@ class Model:
             if comparison.state == "idle" and comparison.first in members:
                 if comparison.second in members:
                     comparison.state = "running"
-                    self._next_attempt(record, comparison, now)
+                    self.judge.next_attempt(record, comparison, now)
         self._finish_if_done(record, now)
-
-    def _next_attempt(self, record: _Record, comparison: _Comparison, now: float) -> None:
-        """Make judge calls until the comparison concludes or waits on a held or hung call."""
-        pair = (comparison.first, comparison.second)
-        while comparison.state == "running":
-            key: CallKey = (record.marker, record.attempt, pair)
-            self.calls[key] += 1
-            self.changed_calls.add(key)
-            self.counts["judge calls"] += 1
-            kind = self._take_control(record, pair)
-            if kind in ("hold", "hang"):
-                comparison.state = "held" if kind == "hold" else "hang"
-                comparison.deadline = now + self.request_timeout
-                return
-            self._conclude(record, comparison, *self._attempt_outcome(kind), now)
-
-    def _take_control(self, record: _Record, pair: tuple[int, int]) -> str | None:
-        control = self.controls.get((record.marker, record.attempt, pair))
-        if control is None or control[1] == 0:
-            return None
-        if control[1] is not None:
-            control[1] -= 1
-        return str(control[0])
-
-    def _attempt_outcome(self, kind: str | None) -> tuple[str, str]:
-        """(class, cause) of one judge attempt under a fault kind (J-21)."""
-        injected = '{"error":"injected"}'
-        if kind in ("transient", "rate_limited", "flaky"):
-            status = {"transient": 500, "rate_limited": 429, "flaky": 503}[kind]
-            return "transient", f"HTTPStatusError: HTTP {status}; response={injected}"
-        if kind == "fatal":
-            return "fatal", f"HTTPStatusError: HTTP 400; response={injected}"
-        if kind == "non_json":
-            return "fatal", "JSONDecodeError: judge reply is not valid JSON: <html>not json</html>"
-        if kind == "close":
-            return "transient", f"RemoteProtocolError: {CLOSED_BEFORE_REPLY}"
-        if kind == "truncated":
-            return "transient", "RemoteProtocolError: the judge closed the connection after"
-        if kind == "budget":
-            return "exhausted", ""
-        if kind == "empty":
-            return "unusable", ""
-        if kind == "unparseable":
-            return "unparseable", ""
-        return "verdict", ""
-
-    def _conclude(
-        self, record: _Record, comparison: _Comparison, outcome: str, cause: str, now: float
-    ) -> None:
-        """One attempt ended with `outcome`: retry, or settle the comparison (J-22 … J-24)."""
-        comparison.outcomes.append(outcome)
-        comparison.state = "running"
-        attempt = len(comparison.outcomes)
-        if outcome == "verdict":
-            quality = {slot: m.quality for slot, m in record.members.items()}
-            # The fake judge's rule, with no position bias and a tie ranking of 3.5.
-            comparison.verdict = verdict_for_qualities(
-                quality[comparison.first], quality[comparison.second]
-            )
-        elif outcome == "fatal":
-            comparison.failure = self._judge_error(comparison, attempt, cause)
-        elif attempt == self.max_attempts:
-            if outcome == "transient":
-                comparison.failure = self._judge_error(comparison, attempt, cause)
-            elif "unparseable" in comparison.outcomes:
-                comparison.verdict = self.default
-            else:
-                exhausted = comparison.outcomes.count("exhausted")
-                cause = f"Judge returned no completed answer after {attempt} attempts"
-                if exhausted:
-                    cause += f" ({exhausted} of them exhausted max_output_tokens={self.max_tokens}"
-                else:
-                    cause += "; last reply: empty verdict text"
-                comparison.failure = self._judge_error(comparison, attempt, cause)
-        else:
-            return  # retried at once: the backoff base is 0
-        comparison.state = "done"
-
-    def _judge_error(self, comparison: _Comparison, attempt: int, cause: str) -> str:
-        return (
-            f"GenRM judge {self.url} pair=({comparison.first}, {comparison.second}) "
-            f"judge={comparison.judge_pass} attempt={attempt}/{self.max_attempts} "
-            f"deadline={self._seconds()}s: {cause}"
-        )
 
     def release(self, step: Release, now: float) -> None:
         for record in list(self.active.values()):
@@ -437,80 +290,33 @@ class Model:
                 if comparison.state != "held" or (comparison.first, comparison.second) != step.pair:
                     continue
                 kind = {"fatal": "fatal", "transient": "transient"}.get(step.action or "")
-                self._conclude(record, comparison, *self._attempt_outcome(kind), now)
-                self._next_attempt(record, comparison, now)
+                self.judge.conclude(record, comparison, *self.judge.attempt_outcome(kind), now)
+                self.judge.next_attempt(record, comparison, now)
             self._finish_if_done(record, now)
 
-    def _finish_if_done(self, record: _Record, now: float) -> None:
+    def _finish_if_done(self, record: ModelRecord, now: float) -> None:
         if record.phase != "evaluating":
             return
         if any(c.state != "done" for c in record.comparisons):
             return
-        failed = [c for c in record.comparisons if c.failure is not None]
-        total = len(record.comparisons)
-        masked: dict[int, str] = {}
-        for comparison in failed:
-            assert comparison.failure is not None
-            for slot in (comparison.first, comparison.second):
-                masked.setdefault(slot, comparison.failure)
-        if len(masked) == self.size:
-            assert failed[0].failure is not None
-            text = messages.every_rollout_masked(record.key, len(failed), total, failed[0].failure)
-            self._fail(record, "judge", text, now, prefix=True)
+        outcomes = self.judge.outcomes(record)
+        if isinstance(outcomes, str):
+            self._fail(record, "judge", outcomes, now, prefix=True)
             return
-        rewards, metrics = self._score(record, set(masked))
-        metrics["genrm_failed_comparison_rate_per_group"] = len(failed) / total
-        metrics["genrm_masked_rollout_rate_per_group"] = len(masked) / self.size
         for slot, member in record.members.items():
-            if slot in masked:
-                text = messages.rollout_masked(slot, len(failed), total, masked[slot])
-                member.outcome = Expected("masked", 200, text, prefix=True)
-            else:
-                member.outcome = Expected("scored", reward=rewards[slot], metrics=metrics)
+            member.outcome = outcomes[slot]
         record.phase = "completed"
+        masked = any(o.kind == "masked" for o in outcomes.values())
         self.counts["groups completed with masks" if masked else "groups completed"] += 1
         for member in record.members.values():
             assert member.outcome is not None
             self._resolve(member.waiters, member.outcome)
         self._terminal(record, now)
 
-    def _score(
-        self, record: _Record, masked: set[int]
-    ) -> tuple[dict[int, float], dict[str, float]]:
-        """S-30 … S-33 with no length or style adjustments: a mean per slot, the metrics."""
-        totals = dict.fromkeys(range(self.size), 0.0)
-        counts = dict.fromkeys(range(self.size), 0)
-        scores: list[float] = []
-        ties = 0
-        done = [c for c in record.comparisons if c.verdict is not None]
-        for comparison in done:
-            assert comparison.verdict is not None
-            first, second, ranking = comparison.verdict
-            scores += [first, second]
-            if first == second:
-                ties += 1
-                first, second = first + (3.5 - ranking), second - (3.5 - ranking)
-            totals[comparison.first] += first
-            totals[comparison.second] += second
-            counts[comparison.first] += 1
-            counts[comparison.second] += 1
-        rewards = {
-            k: totals[k] / counts[k] if counts[k] else self.default[0]
-            for k in range(self.size)
-            if k not in masked
-        }
-        mean = sum(scores) / len(scores)
-        std = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores))
-        return rewards, {
-            "mean_individual_score": mean,
-            "std_individual_score": std,
-            "tiebreak_usage_rate": ties / len(done),
-        }
-
     # -- failure, terminal state, retention (C-80 … C-92, R-1 … R-4) ----------------------
 
     def _fail(
-        self, record: _Record, kind: str, text: str, now: float, *, prefix: bool = False
+        self, record: ModelRecord, kind: str, text: str, now: float, *, prefix: bool = False
     ) -> None:
         if not record.active:
             return
@@ -534,7 +340,7 @@ class Model:
             self._answer(request, outcome)
         waiters.clear()
 
-    def _terminal(self, record: _Record, now: float) -> None:
+    def _terminal(self, record: ModelRecord, now: float) -> None:
         self.active.pop(id(record), None)
         if record.group is None and record.phase == "completed":
             if self.legacy.get(record.legacy_key or "") is record:
@@ -547,7 +353,7 @@ class Model:
                 self.idle[record.group] = now
                 self.idle.move_to_end(record.group)
 
-    def _supersede(self, record: _Record, attempt: int, now: float) -> None:
+    def _supersede(self, record: ModelRecord, attempt: int, now: float) -> None:
         assert record.group is not None
         if record.active:
             text = messages.superseded(record.group, record.attempt, attempt)
@@ -558,35 +364,17 @@ class Model:
             del self.explicit[record.group]
 
     def _prune(self, now: float) -> None:
-        self.prunes += 1
-        while self.terminal:
-            stamped, record = next(iter(self.terminal.values()))
-            if not self._expired(now, stamped, len(self.terminal)):
-                break
-            self.terminal.popitem(last=False)
-            self.removed += 1
-            self.counts["results pruned"] += 1
+        for record in self.retained.prune(now):
             if record.group is not None:
                 if self.explicit.get(record.group) is record:
                     del self.explicit[record.group]
             elif self.legacy.get(record.legacy_key or "") is record:
                 del self.legacy[record.legacy_key or ""]
-        while self.idle:
-            gid, stamped = next(iter(self.idle.items()))
-            if not self._expired(now, stamped, len(self.idle)):
-                break
-            self.idle.popitem(last=False)
-            self.removed += 1
-            self.counts["watermarks pruned"] += 1
-            self.watermarks.pop(gid, None)
-
-    def _expired(self, now: float, stamped: float, entries: int) -> bool:
-        return (self.ttl is not None and now - stamped >= self.ttl) or entries > self.cap
 
     def kill(self, engine: int) -> None:
         """Shared mode: an engine dies. Its requests end (their connections drop), its judge
         calls are cancelled, and the groups it evaluated wait for their leases to expire."""
-        if self.closed or self.shared_lease is None:
+        if self.closed or self.lease is None:
             return  # one engine in memory: the step has nothing to kill
         for request in list(self.waiting):
             if self.routes.get(request) == engine:
@@ -605,7 +393,7 @@ class Model:
     def shutdown(self, now: float) -> None:
         if self.closed:
             return
-        if self.shared_lease is not None:
+        if self.lease is not None:
             # Every engine shuts down: waiters are answered, evaluations stop, and the groups
             # stay in the store for the processes that may still serve them.
             for engine in {r.owner for r in self.active.values()} | set(self.routes.values()):
@@ -623,25 +411,29 @@ class Model:
             self._fail(record, "cohort", messages.SHUTTING_DOWN, now)
         self.explicit.clear()
         self.legacy.clear()
-        self.watermarks.clear()
-        self.terminal.clear()
-        self.idle.clear()
+        self.retained.clear()
 
-    def retained(self, now: float) -> tuple[dict[str, int], list[str], list[str]]:
-        """Watermarks (group -> attempt), the idle order and the terminal index as a prune at
-        `now` would leave them: what a shared store, which trims after every write and whose
-        readers ignore what has expired, holds at `now`."""
-        terminal = list(self.terminal.values())
-        while terminal and self._expired(now, terminal[0][0], len(terminal)):
-            terminal.pop(0)
-        idle = list(self.idle.items())
-        dropped = set()
-        while idle and self._expired(now, idle[0][1], len(idle)):
-            dropped.add(idle.pop(0)[0])
-        marks = {gid: mark[0] for gid, mark in self.watermarks.items() if gid not in dropped}
-        return marks, [gid for gid, _ in idle], [record.key for _, record in terminal]
+    # -- what the store and statistics() must say ------------------------------------------
 
-    # -- what statistics() must say -------------------------------------------------------
+    def retention(self, now: float) -> tuple[dict[str, int], list[str], list[str]]:
+        """Watermarks (group -> attempt), the idle order (group ids) and the terminal index
+        (record keys) the store must hold at ``now``."""
+        return self.retained.at(now, trimmed=self.trimmed)
+
+    def expected_statistics(self, now: float) -> dict[str, int]:
+        """What the store and its engines must count at ``now`` (prune visits apart)."""
+        expected = self.statistics()
+        if self.trimmed:
+            marks, idle, terminal = self.retention(now)
+            expected.update(
+                retained_records=len(terminal), watermarks=len(marks), idle_entries=len(idle)
+            )
+        if self.lease is not None:
+            # Nobody owns a group that collects; only a live owner runs a task for one that is
+            # judged.
+            running = [r for r in self.active.values() if r.phase == "evaluating"]
+            expected["owned_tasks"] = sum(1 for r in running if not r.orphaned)
+        return expected
 
     def statistics(self) -> dict[str, int]:
         active = list(self.active.values())

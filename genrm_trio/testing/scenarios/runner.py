@@ -17,26 +17,15 @@ from typing import Any
 import trio
 import trio.testing
 
-from genrm_trio.core.statistics import Statistics
-from genrm_trio.core.transition import Group
-from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.store.memory_store import MemoryGroupStore
-from genrm_trio.store.redis_store import check_store_invariants
+from genrm_trio.store.group_store import StoreView
 from genrm_trio.testing import _invariants as invariants
 from genrm_trio.testing._invariants import Seen, Violation, _registry_label
 from genrm_trio.testing.controlled_judge import ControlledJudge
 from genrm_trio.testing.instrument import CriticalSectionInstrument
-from genrm_trio.testing.scenarios.drivers import (
-    Driver,
-    SharedDriver,
-    open_driver,
-)
+from genrm_trio.testing.scenarios.drivers import Driver, open_driver
 from genrm_trio.testing.scenarios.model import Model
 from genrm_trio.testing.scenarios.steps import (
     CONVERSION_FAULT,
-    ENGINES,
-    LEASE_S,
-    STORE_EPOCH,
     TICK,
     Advance,
     Burst,
@@ -52,14 +41,10 @@ from genrm_trio.testing.scenarios.steps import (
     Step,
     Via,
     describe_step,
-    engine_for,
     posts_of,
     request_body,
     scenario_config,
 )
-
-# Only guards against a store that never settles; no run comes near it.
-QUIESCE_LIMIT_S = 60.0
 
 # ---- the runner -------------------------------------------------------------------------------
 
@@ -124,7 +109,9 @@ class ScenarioReport:
 
 
 class _Runner:
-    """Plays one scenario against one server instance and checks it after every step."""
+    """Plays one scenario against one server (one or more engines) and checks it after every
+    step. Whatever differs between the stores is the driver's (drivers.py) or the model's to
+    know: the runner plays and checks every store the same way."""
 
     def __init__(
         self,
@@ -140,9 +127,6 @@ class _Runner:
         self.store_url = store_url
         self.restart_store = restart_store
         self.config = scenario_config(scenario.settings)
-        shared_lease = LEASE_S if via == "shared" else None
-        self.model = Model(self.config, scenario.faults, shared_lease=shared_lease)
-        self.notify = ["delivered"] * ENGINES
         self.routes: dict[int, int] = {}
         self.judge = ControlledJudge()
         for fault in scenario.faults:
@@ -158,7 +142,7 @@ class _Runner:
         self.reported_instrument = 0
         self.prune_visits = 0
         self._driver: Driver | None = None
-        self.groups: dict[str, Group] | None = None  # shared mode: the store, as last loaded
+        self._model: Model | None = None
         self._nursery: trio.Nursery | None = None
 
     def _install(self, fault: Fault) -> None:
@@ -189,6 +173,11 @@ class _Runner:
         return self._driver
 
     @property
+    def model(self) -> Model:
+        assert self._model is not None, "the runner is not running"
+        return self._model
+
+    @property
     def nursery(self) -> trio.Nursery:
         assert self._nursery is not None, "the runner is not running"
         return self._nursery
@@ -201,31 +190,28 @@ class _Runner:
     def now(self) -> float:
         return trio.current_time()
 
-    @property
-    def shared(self) -> SharedDriver | None:
-        return self._driver if isinstance(self._driver, SharedDriver) else None
-
-    def _copies(self, index: int, _: str) -> int:
-        return {"lost": 0, "duplicated": 2}.get(self.notify[index], 1)
-
     def _random(self, what: str) -> random.Random:
         """A draw that depends only on the seed and on `what`, so shrinking keeps it."""
         return random.Random(f"{self.scenario.seed}:{what}")
 
     async def run(self) -> ScenarioReport:
-        hooks = Hooks(on_conversion=self._convert)
-        shared = None
-        if self.via == "shared":
-            assert self.store_url is not None, "shared mode needs a store URL"
-            each = [
-                Hooks(on_conversion=self._convert, on_notification=partial(self._copies, index))
-                for index in range(ENGINES)
-            ]
-            shared = (self.store_url, each)
         trio.lowlevel.add_instrument(self.instrument)
         try:
-            async with open_driver(self.via, self.config, self.judge, hooks, shared) as driver:
+            async with open_driver(
+                self.via,
+                self.config,
+                self.judge,
+                self._convert,
+                self.store_url,
+                self.restart_store,
+            ) as driver:
                 self._driver = driver
+                self._model = Model(
+                    self.config,
+                    self.scenario.faults,
+                    lease=driver.tenure.lease_s,
+                    trimmed=driver.trims_after_writes,
+                )
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     for index, step in enumerate(self.scenario.steps):
@@ -240,38 +226,10 @@ class _Runner:
                     nursery.cancel_scope.cancel()
         finally:
             trio.lowlevel.remove_instrument(self.instrument)
-        self.report.counts.update(self.model.counts)
+        if self._model is not None:
+            self.report.counts.update(self.model.counts)
         self.report.counts["task steps checked (I-1)"] = self.instrument.steps
         return self.report
-
-    async def _quiesce(self) -> None:
-        await trio.testing.wait_all_tasks_blocked()
-        shared = self.shared
-        if shared is None:
-            return
-        # Tasks waiting for Redis look blocked too: wait (in real time; Trio's clock stands
-        # still) until no command is on its way and every finished record's waiters have been
-        # told. An engine that loses its notifications learns it by a sweep at this instant.
-        give_up = time.monotonic() + QUIESCE_LIMIT_S
-        while time.monotonic() < give_up:
-            if shared.busy():
-                await trio.testing.wait_all_tasks_blocked(cushion=0.0005)
-                continue
-            late = await shared.undelivered()
-            if not late:
-                await trio.testing.wait_all_tasks_blocked()
-                if not shared.busy():
-                    return
-                continue
-            for index in late:
-                # Notifications lost on purpose, or while the engine is not subscribed (its
-                # subscription dropped with the store, and it waits a sweep interval to
-                # subscribe again).
-                engine = shared.engines[index]
-                if self.notify[index] == "lost" or not engine.subscribed:
-                    await engine.sweep_once()
-            await trio.testing.wait_all_tasks_blocked(cushion=0.0005)
-        raise RuntimeError(f"the store did not settle within {QUIESCE_LIMIT_S}s")
 
     async def _move_to(self, target: float) -> None:
         self.clock.jump(target - self.now)
@@ -286,14 +244,12 @@ class _Runner:
                 break
             when = min(due)
             await self._move_to(when)
-            await self._quiesce()
-            shared = self.shared
-            if shared is not None:
-                # Collection deadlines and expired leases are found by a sweep: here, one at
-                # the deadline's instant, by an engine the seed picks.
-                sweeper = self._random(f"sweep@{when}").randrange(ENGINES)
-                await shared.engines[sweeper].sweep_once()
-                await self._quiesce()
+            await self.driver.settle()
+            # Collection deadlines and expired leases a store keeps are found by a sweep:
+            # here, one at the deadline's instant, by an engine the seed picks.
+            sweeper = self._random(f"sweep@{when}").randrange(len(self.driver.engines))
+            await self.driver.sweep(sweeper)
+            await self.driver.settle()
             self.model.expire(when)
             await self._check(f"{label} (deadline at t={when})")
             if self.report.violations:
@@ -305,65 +261,61 @@ class _Runner:
         await self._advance(step.seconds if isinstance(step, Advance) else 0.0, label)
         if self.report.violations:
             return
-        model = self.model
+        model, driver = self.model, self.driver
         if isinstance(step, Post):
             self.fail_conversion = step.conversion_fault
             engine = self._send(step)
-            await self._quiesce()
+            await driver.settle()
             self.fail_conversion = False
             model.post(step, self.now, engine)
         elif isinstance(step, Burst):
             # Every post starts before any is applied; the model then takes them in the
             # burst's order, which the generator made irrelevant to the answers.
             engines = [self._send(post) for post in step.posts]
-            await self._quiesce()
+            await driver.settle()
             for post, engine in zip(step.posts, engines, strict=True):
                 model.post(post, self.now, engine)
         elif isinstance(step, Disconnect):
             scope = self.scopes.get(step.request)
             if scope is not None and step.request not in self.ended:
                 scope.cancel()
-            await self._quiesce()
+            await driver.settle()
             model.disconnect(step.request)
         elif isinstance(step, Release):
             self.judge.release(
                 group=step.group, attempt=step.attempt, pair=step.pair, **_release(step)
             )
-            await self._quiesce()
+            await driver.settle()
             model.release(step, self.now)
         elif isinstance(step, Shutdown):
             await self._shutdown(label, check=True)
             return
         elif isinstance(step, Kill):
-            shared = self.shared
-            if shared is not None and not model.closed:
-                for request, engine in self.routes.items():
-                    if engine == step.engine and request not in self.ended:
-                        self.scopes[request].cancel()  # its client's connection dropped
-                await shared.kill(step.engine)
-            await self._quiesce()
+            if not model.closed:
+                await driver.kill(step.engine, self._drop_connections)
+            await driver.settle()
             model.kill(step.engine)
         elif isinstance(step, Notify):
-            if self.shared is not None:
-                self.notify[step.engine] = step.mode
-            await self._quiesce()
+            driver.notify(step.engine, step.mode)
+            await driver.settle()
         elif isinstance(step, RestartStore):
-            if self.shared is not None:
-                assert self.restart_store is not None, "a store restart needs restart_store"
-                self.restart_store()
-            await self._quiesce()
+            driver.restart_store()
+            await driver.settle()
         else:
-            await self._quiesce()
+            await driver.settle()
         await self._check(label)
 
+    def _drop_connections(self, engine: int) -> None:
+        """The clients of a killed engine lose their connections."""
+        for request, routed in self.routes.items():
+            if routed == engine and request not in self.ended:
+                self.scopes[request].cancel()
+
     def _send(self, post: Post) -> int:
-        """Start every copy of `post`; returns the engine they go to."""
+        """Start every copy of `post`; returns the engine they go to (the same for every copy:
+        the model knows which one owns the evaluation a post starts)."""
         body = request_body(post)
-        engine = 0
-        if self.shared is not None:
-            # Every copy of one post goes to the same engine: the model knows which one owns
-            # the evaluation a post starts.
-            engine = engine_for(self.scenario.seed, post)
+        engine = self.driver.route(self.scenario.seed, post)
         for request in post.requests:
             self.routes[request] = engine
             self.nursery.start_soon(self._request, request, body, engine)
@@ -372,7 +324,7 @@ class _Runner:
     async def _shutdown(self, label: str, *, check: bool) -> None:
         """Shut the server down; every task must be drained once all of them are blocked."""
         if self.model.closed:
-            await self._quiesce()
+            await self.driver.settle()
             if check:
                 await self._check(label)
             return
@@ -384,7 +336,7 @@ class _Runner:
             finished.set()
 
         self.nursery.start_soon(shut_down)
-        await self._quiesce()
+        await self.driver.settle()
         self.model.shutdown(self.now)
         if check:
             await self._check(label)
@@ -394,7 +346,7 @@ class _Runner:
             while not finished.is_set():
                 # Let the grace periods run out so that the run can end.
                 self.clock.jump(self.config.shutdown_grace_s)
-                await self._quiesce()
+                await self.driver.settle()
 
     async def _request(self, request: int, body: dict[str, Any], engine: int) -> None:
         scope = trio.CancelScope()
@@ -411,28 +363,8 @@ class _Runner:
 
     async def _check(self, label: str) -> None:
         step = f"{label} (t={self.now})"
-        found: list[Violation] = []
-        engine, model = self.driver.engine, self.model
-        shared = self.shared
-        if shared is None:
-            store = engine.store
-            assert isinstance(store, MemoryGroupStore)
-            found += invariants.registry_violations(engine, step)
-            groups = list(store.groups())
-            found += invariants.publication_violations(
-                [g.record for g in groups if g.record is not None], step
-            )
-            found += invariants.retention_violations(
-                groups,
-                store.idle_order(),
-                [record.key for record in store.terminal_order()],
-                {gid: mark[0] for gid, mark in model.watermarks.items()},
-                list(model.idle),
-                [record.key for _, record in model.terminal.values()],
-                step,
-            )
-        else:
-            found += await self._store_violations(shared, step)
+        model = self.model
+        found, view = await self._store_violations(step)
         found += invariants.instrument_violations(self.instrument, self.reported_instrument, step)
         self.reported_instrument = len(self.instrument.violations)
         answers, self.answers = self.answers, {}
@@ -448,93 +380,50 @@ class _Runner:
             if expected is not None:
                 found += invariants.outcome_violations(request, expected, seen, step)
         self.report.counts["cancelled requests"] += len(cancelled)
-        if shared is None:
-            stats = engine.statistics()
-            found += invariants.statistics_violations(stats, model.statistics(), step)
-            found += invariants.prune_violations(
-                self.prune_visits, stats.prune_visits, model.removed, model.prunes, step
+        if view is not None:
+            stats = self.driver.statistics(view)
+            found += invariants.statistics_violations(
+                stats, model.expected_statistics(self.now), step
             )
-            self.prune_visits = stats.prune_visits
-        elif self.groups is not None:
-            found += self._shared_statistics_violations(shared, self.groups, step)
-        changed = self.ledger.update(self.judge) | model.changed_calls
-        found += invariants.judge_call_violations(self.ledger.counts, model.calls, changed, step)
+            if view.prune_visits is not None:
+                found += invariants.prune_violations(
+                    self.prune_visits,
+                    view.prune_visits,
+                    model.retained.removed,
+                    model.retained.prunes,
+                    step,
+                )
+                self.prune_visits = view.prune_visits
+        changed = self.ledger.update(self.judge) | model.judge.changed_calls
+        found += invariants.judge_call_violations(
+            self.ledger.counts, model.judge.calls, changed, step
+        )
         found += invariants.in_flight_violations(self.judge, model.in_flight(), step)
-        model.answered, model.cancelled, model.changed_calls = {}, set(), set()
-        model.prunes = model.removed = 0
+        model.answered, model.cancelled, model.judge.changed_calls = {}, set(), set()
+        model.retained.prunes = model.retained.removed = 0
         self.report.violations += found
 
-    async def _store_violations(self, shared: SharedDriver, step: str) -> list[Violation]:
-        """The store's groups, loaded into one registry: I-2…I-5 and I-7 on it, and its
-        retention sets (in score order, expired entries left out) against the model's."""
-        found: list[Violation] = []
-        for engine in shared.engines:
-            found += invariants.registry_violations(engine, step)
-        self.groups = None
+    async def _store_violations(self, step: str) -> tuple[list[Violation], StoreView | None]:
+        """The store's groups after its own checks (I-2…I-4), I-5 and I-7 on their records,
+        and its retention against the model's."""
         try:
-            groups = await check_store_invariants(shared.store)
+            view = await self.driver.view()
         except AssertionError as exc:
             message = str(exc) or type(exc).__name__
-            return [*found, Violation(_registry_label(message), step, message)]
-        self.groups = groups
-        found += invariants.publication_violations(
+            return [Violation(_registry_label(message), step, message)], None
+        groups = view.groups
+        found = invariants.publication_violations(
             [g.record for g in groups.values() if g.record is not None], step
         )
-        marks, idle, terminal = self.model.retained(self.now)
-        seen_terminal = []
-        for ref in await self._live(shared, "terminal"):
+        terminal = []
+        for ref in view.terminal:
             record = groups[ref].record if ref in groups else None
-            seen_terminal.append(record.key if record is not None else f"<no record {ref}>")
+            terminal.append(record.key if record is not None else f"<no record {ref}>")
+        marks, idle, expected_terminal = self.model.retention(self.now)
         found += invariants.retention_violations(
-            groups.values(),
-            await self._live(shared, "idle"),
-            seen_terminal,
-            marks,
-            idle,
-            terminal,
-            step,
+            groups.values(), view.idle, terminal, marks, idle, expected_terminal, step
         )
-        return found
-
-    async def _live(self, shared: SharedDriver, name: str) -> list[str]:
-        """A retention set of the store in score order, without the entries expired by now."""
-        flat = await shared.store.call("ZRANGE", f"{shared.prefix}{name}", 0, -1, "WITHSCORES")
-        ttl = self.config.cohort_result_ttl_s
-        now = STORE_EPOCH + self.now
-        pairs = zip(flat[::2], flat[1::2], strict=True)
-        return [m.decode() for m, score in pairs if ttl is None or now - float(score) < ttl]
-
-    def _shared_statistics_violations(
-        self, shared: SharedDriver, groups: dict[str, Group], step: str
-    ) -> list[Violation]:
-        """Groups by phase and retention from the store; waiters, tasks and judge calls summed
-        over the engines. Only a live owner runs a task for an evaluating group."""
-        each = [engine.statistics() for engine in shared.engines]
-        records = [g.record for g in groups.values() if g.record is not None]
-        active = [r for r in records if r.phase.active]
-        collecting = sum(1 for r in active if r.phase.value == "collecting")
-        actual = Statistics(
-            collecting=collecting,
-            evaluating=len(active) - collecting,
-            retained_records=len(records) - len(active),
-            watermarks=sum(1 for g in groups.values() if g.watermark is not None),
-            idle_entries=sum(1 for g in groups.values() if g.idle_since is not None),
-            waiters=sum(s.waiters for s in each),
-            owned_tasks=sum(s.owned_tasks for s in each),
-            judge_in_flight=sum(s.judge_in_flight for s in each),
-            prune_visits=0,
-        )
-        model = self.model
-        marks, idle, terminal = model.retained(self.now)
-        expected = model.statistics()
-        running = [r for r in model.active.values() if r.phase == "evaluating"]
-        expected.update(
-            retained_records=len(terminal),
-            watermarks=len(marks),
-            idle_entries=len(idle),
-            owned_tasks=sum(1 for r in running if not r.orphaned),
-        )
-        return invariants.statistics_violations(actual, expected, step)
+        return found, view
 
     def _check_after_shutdown(self) -> None:
         if self.report.violations:
@@ -544,10 +433,8 @@ class _Runner:
         running = sorted(r for r in self.scopes if r not in self.ended)
         if running:
             found.append(Violation("I-4", step, f"requests {running} never got an answer"))
-        shared = self.shared
-        engines = shared.engines if shared is not None else [self.driver.engine]
         left: dict[str, int] = {}
-        for engine in engines:
+        for engine in self.driver.engines:
             for key, value in engine.statistics()._asdict().items():
                 if value and key != "prune_visits":
                     left[key] = left.get(key, 0) + value
