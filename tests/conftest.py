@@ -22,11 +22,11 @@ import trio.testing
 from genrm_trio.config import Config
 from genrm_trio.store.redis_store import RedisGroupStore
 from genrm_trio.store.resp import StoreAddress
-from genrm_trio.testing._shared_store import harness_time
 from genrm_trio.testing.harness import servers_on
 from genrm_trio.testing.redis_server import RedisServer
 
-pytest_plugins = ["genrm_trio.testing.redis_fixtures"]
+# The race harness's fixtures (genrm_server, ...) and the Redis fixtures, for every test.
+pytest_plugins = ["genrm_trio.testing.redis_fixtures", "genrm_trio.testing.fixtures"]
 
 STORES = ("memory", "redis")
 _prefixes = itertools.count()
@@ -67,6 +67,9 @@ def group_store(request: pytest.FixtureRequest) -> Iterator[str]:
     if name == "memory":
         yield name
         return
+    # Imported here, once pytest has taken in the plugins above: it loads the race harness.
+    from genrm_trio.testing._shared_store import harness_time
+
     server: RedisServer = request.getfixturevalue("_stores_redis")
     if not server.running():
         server.start()

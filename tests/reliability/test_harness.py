@@ -22,8 +22,6 @@ from genrm_trio.testing.instrument import CriticalSectionInstrument
 if TYPE_CHECKING:
     from genrm_trio.testing.fixtures import GenRMServer
 
-# The plugin module is imported by pytest itself (not above), so its assertions are rewritten.
-pytest_plugins = ["genrm_trio.testing.fixtures"]
 
 SUPERSEDED = "GenRM group 'g' attempt 0 was superseded by attempt 1"
 Factory = Callable[..., AbstractAsyncContextManager["GenRMServer"]]

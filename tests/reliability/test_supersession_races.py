@@ -28,8 +28,6 @@ if TYPE_CHECKING:
     from genrm_trio.testing.controlled_judge import ControlledJudge
     from genrm_trio.testing.fixtures import GenRMServer
 
-# The plugin module is imported by pytest itself (not above), so its assertions are rewritten.
-pytest_plugins = ["genrm_trio.testing.fixtures"]
 
 ROUNDS = 8
 # Under fixed_baseline every member is compared with the prompt's baseline response.
