@@ -9,11 +9,18 @@ them even when a collector left the masked rows out.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from genrm_trio.core.records import RowsGroup
 from genrm_trio.core.retention import AgedIndex
 from genrm_trio.core.transition import Finished
 
-__all__ = ["Tallies"]
+__all__ = ["Tallies", "TallyStatistics"]
+
+
+class TallyStatistics(NamedTuple):
+    finished: dict[tuple[str, str], int]  # groups ended, by (disposition, kind)
+    rollouts_masked: int
 
 
 class Tallies:
@@ -36,6 +43,9 @@ class Tallies:
 
     def prune(self, now: float) -> None:
         self.masked_answers.prune(now, self.ttl, self.cap, lambda group, slots: None)
+
+    def statistics(self) -> TallyStatistics:
+        return TallyStatistics(dict(self.finished), self.rollouts_masked)
 
     def masked_rollouts(self, group: RowsGroup) -> frozenset[int] | None:
         """The slots this process answered masked for the group rows name, if it knows."""

@@ -1,8 +1,10 @@
 """`GET /metrics`: the server's counts, gauges and histograms in Prometheus text format (§9.3, X-6).
 
-One ``CollectorRegistry`` per app, so several servers in one process never share a series. The
-collector reads the engine's plain numbers (core/server_metrics.py, the group registry, the
-judge balancer, the spool) only when scraped; prometheus_client writes the exposition. No
+One ``CollectorRegistry`` per app, so several servers in one process never share a series. When
+scraped, the collector reads the counts kept as they happen (core/server_metrics.py, the routes'
+own) and one snapshot of each component's state (``statistics()`` of the engine, the judge
+client, the tallies, the body budget and the spool; the store's group counts); prometheus_client
+writes the exposition. No
 series has a group-id label. Under `serve --workers N` each worker copies this collector's output
 into prometheus_client's multiprocess files instead (http/worker_metrics.py).
 """
@@ -21,9 +23,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from genrm_trio.core.server_metrics import ATTEMPT_BUCKETS, Histogram
+from genrm_trio.core.server_metrics import ATTEMPT_BUCKETS, Histogram, ServerMetrics
 from genrm_trio.http.request_counts import RequestCounts
 from genrm_trio.http.spool import Spool, SpoolBudget
+from genrm_trio.judge.client import JudgeStatistics
 from genrm_trio.runtime.engine import Engine
 
 __all__ = [
@@ -104,11 +107,18 @@ class EngineCollector(Collector):
         self.requests = requests
 
     def collect(self) -> Iterator[Metric]:
+        # Counts kept as they happen, and a snapshot of every component's state, each taken
+        # once: the series of one scrape agree with each other.
         engine = self.engine
         metrics = engine.metrics
-        judge = engine.judge
         config = engine.config
-        tallies = engine.tallies
+        judge = engine.judge.statistics()
+        tallies = engine.tallies.statistics()
+        stats = engine.statistics()
+        # With a shared store, the deployment's groups (the same at every process).
+        counts = engine.group_counts()
+        budget = self.budget.statistics()
+        spool = self.spool.statistics()
         yield _counter(
             "genrm_verify_requests",
             "POST /verify requests answered, by outcome.",
@@ -121,7 +131,7 @@ class EngineCollector(Collector):
             ("outcome",),
             _by_one(metrics.compare_requests, COMPARE_OUTCOMES),
         )
-        replicas = judge.replica_names
+        replicas = [replica.name for replica in judge.replicas]
         attempts = {
             (config.judge_api, outcome, replica): 0
             for replica in replicas
@@ -161,7 +171,7 @@ class EngineCollector(Collector):
         yield _gauge(
             "genrm_judge_slot_queue",
             "Judge attempts waiting for a concurrency slot now.",
-            judge.slots.queue.waiting,
+            judge.waiting_for_slot,
         )
         yield _gauge(
             "genrm_judge_concurrency_limit",
@@ -169,16 +179,13 @@ class EngineCollector(Collector):
             "group store, across every process of the deployment).",
             config.judge_max_concurrency,
         )
-        yield from self._replicas()
+        yield from _replicas(judge, metrics)
         yield _counter(
             "genrm_comparisons",
             "Comparisons ended, by outcome (a verdict, J-24's default verdict, or a failure).",
             ("outcome",),
             _by_one(metrics.comparisons, COMPARISON_OUTCOMES),
         )
-        stats = engine.statistics()
-        # With a shared store, the deployment's groups (the same at every process).
-        counts = engine.group_counts()
         active = GaugeMetricFamily(
             "genrm_groups_active",
             "Groups not yet finished, in the group store (a shared store: the deployment's).",
@@ -234,28 +241,28 @@ class EngineCollector(Collector):
         yield _gauge(
             "genrm_waiting_body_memory_bytes",
             "Bytes of whole request bodies held in memory while their requests wait.",
-            self.budget.waiting,
+            budget.waiting,
         )
         yield _gauge(
             "genrm_body_receiving_bytes",
             "Bytes of request bodies read and not yet validated.",
-            self.budget.receiving,
+            budget.receiving,
         )
         yield _gauge(
             "genrm_body_budget_used_bytes",
             "Bytes the memory budget for request bodies has given out (bodies being read "
             "within it and bodies waiting in memory), against waiting_body_memory_bytes.",
-            self.budget.in_memory,
+            budget.in_memory,
         )
         yield _gauge(
             "genrm_waiting_body_spooled_bytes",
             "Bytes of request bodies waiting in spool files.",
-            self.spool.bytes_on_disk,
+            spool.bytes_on_disk,
         )
         yield _gauge(
             "genrm_waiting_bodies_spooled",
             "Waiting request bodies held in spool files.",
-            self.spool.files,
+            spool.files,
         )
         yield _counter(
             "genrm_pruned",
@@ -281,31 +288,30 @@ class EngineCollector(Collector):
             metrics.fingerprint_seconds,
         )
 
-    def _replicas(self) -> Iterator[Metric]:
-        judge = self.engine.judge
-        metrics = judge.metrics
-        up = GaugeMetricFamily(
-            "genrm_judge_replica_up",
-            "1 while the judge replica is in service, 0 while it is ejected.",
-            labels=["replica"],
-        )
-        in_flight = GaugeMetricFamily(
-            "genrm_judge_replica_in_flight",
-            "Judge attempts in flight on the replica now.",
-            labels=["replica"],
-        )
-        ejections = CounterMetricFamily(
-            "genrm_judge_replica_ejections",
-            "Times the replica was ejected after repeated failures (or a failed probe).",
-            labels=["replica"],
-        )
-        for name, replica in zip(judge.replica_names, judge.balancer.replicas, strict=True):
-            up.add_metric([name], 1 if replica.in_service else 0)
-            in_flight.add_metric([name], replica.in_flight)
-            ejections.add_metric([name], metrics.replica_ejections.get(name, 0))
-        yield up
-        yield in_flight
-        yield ejections
+
+def _replicas(judge: JudgeStatistics, metrics: ServerMetrics) -> Iterator[Metric]:
+    up = GaugeMetricFamily(
+        "genrm_judge_replica_up",
+        "1 while the judge replica is in service, 0 while it is ejected.",
+        labels=["replica"],
+    )
+    in_flight = GaugeMetricFamily(
+        "genrm_judge_replica_in_flight",
+        "Judge attempts in flight on the replica now.",
+        labels=["replica"],
+    )
+    ejections = CounterMetricFamily(
+        "genrm_judge_replica_ejections",
+        "Times the replica was ejected after repeated failures (or a failed probe).",
+        labels=["replica"],
+    )
+    for replica in judge.replicas:
+        up.add_metric([replica.name], 1 if replica.in_service else 0)
+        in_flight.add_metric([replica.name], replica.in_flight)
+        ejections.add_metric([replica.name], metrics.replica_ejections.get(replica.name, 0))
+    yield up
+    yield in_flight
+    yield ejections
 
 
 def metrics_registry(collector: EngineCollector) -> CollectorRegistry:

@@ -21,6 +21,7 @@ import tempfile
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import trio
 
@@ -30,6 +31,17 @@ READ_CHUNK_BYTES = 64 * 1024
 _PRIVATE_PREFIX = "genrm-trio-spool-"
 _PRIVATE_DIR = re.compile(r"genrm-trio-spool-(\d+)-")
 _FILE = re.compile(r"genrm-trio-(\d+)-\d+\.body")
+
+
+class BudgetStatistics(NamedTuple):
+    in_memory: int  # bytes the budget has given out
+    receiving: int  # body bytes read and not yet parsed
+    waiting: int  # bytes of whole bodies waiting in memory
+
+
+class SpoolStatistics(NamedTuple):
+    files: int  # spool files now on disk
+    bytes_on_disk: int
 
 
 class SpoolBudget:
@@ -46,6 +58,9 @@ class SpoolBudget:
         self.receiving = 0
         self.waiting = 0
         self._room = trio.lowlevel.ParkingLot()
+
+    def statistics(self) -> BudgetStatistics:
+        return BudgetStatistics(self.in_memory, self.receiving, self.waiting)
 
     def admit(self, size: int) -> bool:
         """Keep a body of ``size`` bytes in memory if it fits (and count it); else False."""
@@ -133,6 +148,10 @@ class Spool:
     def bytes_on_disk(self) -> int:
         """Bytes of the spool files now on disk."""
         return self._bytes
+
+    def statistics(self) -> SpoolStatistics:
+        with self._lock:
+            return SpoolStatistics(len(self._files), self._bytes)
 
     def prepare(self) -> None:
         """Create the directory and remove what servers that are no longer running left there.

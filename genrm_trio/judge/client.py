@@ -18,6 +18,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import trio
 
@@ -120,6 +121,21 @@ class JudgeVerdict:
 JudgeResult = JudgeVerdict | JudgeFailure
 
 
+class ReplicaStatistics(NamedTuple):
+    name: str  # its URL, without user-info
+    in_service: bool  # False while it is ejected
+    in_flight: int  # attempts on it now
+
+
+class JudgeStatistics(NamedTuple):
+    """A snapshot of the judge client for /metrics and /healthz."""
+
+    in_flight: int  # attempts holding a concurrency slot (I-13)
+    waiting_for_slot: int  # attempts waiting for one
+    attempts_total: int  # judge HTTP requests started since creation
+    replicas: tuple[ReplicaStatistics, ...]
+
+
 class JudgeClient:
     """All judge calls of one server: one transport and one concurrency limit (J-33, J-34)."""
 
@@ -185,6 +201,15 @@ class JudgeClient:
     def attempts_total(self) -> int:
         """Judge HTTP requests started since creation."""
         return self._attempts_total
+
+    def statistics(self) -> JudgeStatistics:
+        replicas = tuple(
+            ReplicaStatistics(name, replica.in_service, replica.in_flight)
+            for name, replica in zip(self.replica_names, self.balancer.replicas, strict=True)
+        )
+        return JudgeStatistics(
+            self.slots.in_use, self.slots.queue.waiting, self._attempts_total, replicas
+        )
 
     async def aclose(self) -> None:
         for transport in self._transports:

@@ -484,8 +484,8 @@ class Engine:
         return list({*self.waiters.records(), *(rid for rid, _ in self._evaluations)})
 
     def evaluations_running(self) -> int:
-        """Groups this process is judging now."""
-        return len(self._evaluations)
+        """Groups this process is judging now: claimed, not still collecting here."""
+        return sum(1 for evaluation in self._evaluations.values() if evaluation.ready.is_set())
 
     def notification_copies(self, rid: str) -> int:
         copies = self.hooks.on_notification
