@@ -20,6 +20,32 @@ PUBLIC_MODULES: dict[str, set[str]] = {
     "genrm_trio.client": {"trl"},
     "genrm_trio.collect": set(),
     "genrm_trio.config": set(),
+    # A library of modules: its face is the modules other packages build on.
+    "genrm_trio.core": {
+        "arrivals",
+        "canonical",
+        "critical",
+        "exact_ints",
+        "gym_metrics",
+        "identity",
+        "invariants",
+        "messages",
+        "outcomes",
+        "ownership",
+        "pairs",
+        "prompt_groups",
+        "records",
+        "retention",
+        "run_metrics",
+        "scoring",
+        "server_metrics",
+        "standard_json",
+        "statistics",
+        "tallies",
+        "texts",
+        "transition",
+        "verdicts",
+    },
     "genrm_trio.fakes": {
         "judge",
         "judge_command",
@@ -31,6 +57,15 @@ PUBLIC_MODULES: dict[str, set[str]] = {
     # client, slots and transport are imported by the runtime; http11 and balancer are named
     # by the docs.
     "genrm_trio.judge": {"balancer", "client", "http11", "slots", "transport"},
+    "genrm_trio.runtime": {"compare", "engine", "hooks"},
+    "genrm_trio.store": {
+        "configured",
+        "embedded",
+        "group_store",
+        "memory_store",
+        "redis_store",
+        "resp",
+    },
     "genrm_trio.testing": {
         "controlled_judge",
         "fixtures",

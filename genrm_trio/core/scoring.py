@@ -9,8 +9,8 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple
 
 from genrm_trio.config import Config, MaskedRewardPlaceholder
-from genrm_trio.core.adjustments import adjust_scores
-from genrm_trio.core.aggregation import GroupMetrics, aggregate
+from genrm_trio.core._adjustments import adjust_scores
+from genrm_trio.core._aggregation import GroupMetrics, aggregate
 from genrm_trio.core.pairs import Comparison
 from genrm_trio.core.verdicts import Verdict, mapped_back
 

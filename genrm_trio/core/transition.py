@@ -51,14 +51,14 @@ from typing import Any, NamedTuple
 
 from genrm_trio.config import Config
 from genrm_trio.core import messages, ownership
+from genrm_trio.core._legacy import answer_legacy_resend, legacy_resend_log
+from genrm_trio.core._publication import failure_outcome, score_outcomes
 from genrm_trio.core.arrivals import Arrival
 from genrm_trio.core.critical import critical_section
 from genrm_trio.core.identity import same_response
-from genrm_trio.core.legacy import answer_legacy_resend, legacy_resend_log
 from genrm_trio.core.outcomes import Ended, Masked, Outcome, Rejected, Scored
 from genrm_trio.core.ownership import Tenure
 from genrm_trio.core.pairs import Comparison, plan_comparisons
-from genrm_trio.core.publication import failure_outcome, score_outcomes
 from genrm_trio.core.records import (
     Failure,
     FailureKind,

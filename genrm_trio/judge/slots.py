@@ -14,7 +14,7 @@ comparison starts, so groups are served in the order they became complete, as by
 first-out queue.
 
 With a shared group store the budget belongs to every process of the deployment
-(store/judge_budget.py keeps it in the store): a queue made ``shared`` grants only the slots
+(store/_judge_budget.py keeps it in the store): a queue made ``shared`` grants only the slots
 this process holds from it (``held``), and says when the store should hear from it
 (``exchange_due``): attempts waiting ask for more, and a slot held but idle goes back at the next
 exchange. While other processes wait for the budget (``yielding``), a slot freed here goes back

@@ -3,10 +3,10 @@
 Every transition runs through the instance's group store (store/group_store.py), which applies
 the core's one transition to one group atomically and returns its decision; this module acts on
 decisions alike whatever the store. A /verify request becomes an ``Arrival``; arrivals of one
-group go to the store in batches (runtime/batches.py); a request that must wait holds a
-``Waiter`` under its record's id (runtime/waiters.py) until this process learns the record
+group go to the store in batches (runtime/_batches.py); a request that must wait holds a
+``Waiter`` under its record's id (runtime/_waiters.py) until this process learns the record
 ended, from its own transition or from the store's watcher. A group's evaluation is an object of
-its own (runtime/evaluation.py) that holds a snapshot of what it judges. Work that outlives a
+its own (runtime/_evaluation.py) that holds a snapshot of what it judges. Work that outlives a
 request (a batch's transition, an evaluation) lives in the server nursery in a fresh context,
 never in the request's task.
 
@@ -40,10 +40,10 @@ from genrm_trio.core.tallies import Tallies
 from genrm_trio.core.transition import Answer, Arrive, Decision, Wait, Work
 from genrm_trio.judge.client import JudgeClient
 from genrm_trio.judge.transport import TransportFactory
-from genrm_trio.runtime.batches import Batches, Pending
-from genrm_trio.runtime.evaluation import Evaluation, Services
+from genrm_trio.runtime._batches import Batches, Pending
+from genrm_trio.runtime._evaluation import Evaluation, Services
+from genrm_trio.runtime._waiters import Waiters
 from genrm_trio.runtime.hooks import Hooks
-from genrm_trio.runtime.waiters import Waiters
 from genrm_trio.store.configured import configured_store
 from genrm_trio.store.group_store import GroupStore, StoreFailed, group_ref
 

@@ -8,7 +8,7 @@ sweeps for deadlines and expired leases, take-over, offers, the deployment's jud
 sits behind the ``Watcher`` the store supplies; the memory store's does nothing.
 
 Two stores exist: this process's memory (store/memory_store.py) and a Redis/Valkey database
-shared by several processes (store/redis_store.py, store/redis_watcher.py).
+shared by several processes (store/redis_store.py, store/_redis_watcher.py).
 """
 
 from __future__ import annotations

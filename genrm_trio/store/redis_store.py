@@ -8,7 +8,7 @@ another process changed the group in between, EXEC does nothing and the transact
 on the new state. The rules of §5 therefore live only in the core; this module knows keys,
 clocks and retention bookkeeping. What the other processes' work asks of this one (ended
 records, sweeps, take-over, offers, the judge budget) is the store's watcher
-(store/redis_watcher.py).
+(store/_redis_watcher.py).
 
 Every time is the store's clock (``TIME``), so deadlines written by one process mean the same
 to every other. A test harness may give the store a clock of its own (``clock``): every time it
@@ -32,6 +32,16 @@ from genrm_trio.core.ownership import Tenure
 from genrm_trio.core.records import Phase
 from genrm_trio.core.statistics import GroupCounts, Statistics
 from genrm_trio.core.transition import Decision, Event, Group, Rules, plan_for, transition
+from genrm_trio.store._records import (
+    decode_ended,
+    decode_record,
+    decode_watermark,
+    encode_ended,
+    encode_record,
+    encode_watermark,
+)
+from genrm_trio.store._redis_watcher import RedisWatcher
+from genrm_trio.store._scripts import Script
 from genrm_trio.store.group_store import (
     BeforeCommit,
     StoreFailed,
@@ -40,15 +50,6 @@ from genrm_trio.store.group_store import (
     Watcher,
     split_ref,
 )
-from genrm_trio.store.records import (
-    decode_ended,
-    decode_record,
-    decode_watermark,
-    encode_ended,
-    encode_record,
-    encode_watermark,
-)
-from genrm_trio.store.redis_watcher import RedisWatcher
 from genrm_trio.store.resp import (
     DEFAULT_MAX_CONNECTIONS,
     Arg,
@@ -58,7 +59,6 @@ from genrm_trio.store.resp import (
     StoreAddress,
     StoreUnavailable,
 )
-from genrm_trio.store.scripts import Script
 
 log = logging.getLogger("genrm_trio")
 

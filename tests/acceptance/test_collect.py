@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from genrm_trio.collect._rows import read_rows
-from genrm_trio.core.aggregation import aggregate
+from genrm_trio.core._aggregation import aggregate
 from genrm_trio.core.pairs import plan_comparisons
 from genrm_trio.core.texts import extract_scoring_text
 from genrm_trio.core.verdicts import Verdict

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from genrm_trio.config import Config
-from genrm_trio.core.adjustments import adjust_scores, group_relative_weights, style_density
+from genrm_trio.core._adjustments import adjust_scores, group_relative_weights, style_density
 
 
 def config(**overrides: Any) -> Config:

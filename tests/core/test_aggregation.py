@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from genrm_trio.core.aggregation import GroupMetrics, aggregate
+from genrm_trio.core._aggregation import GroupMetrics, aggregate
 from genrm_trio.core.verdicts import Verdict
 
 

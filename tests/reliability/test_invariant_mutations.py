@@ -14,15 +14,16 @@ from typing import Any
 import pytest
 import trio
 
-from genrm_trio.core import messages, publication
+from genrm_trio.core import _publication as publication
+from genrm_trio.core import messages
 from genrm_trio.core.critical import critical_section
 from genrm_trio.core.outcomes import Ended, Scored
 from genrm_trio.core.records import FailureKind, Phase, Record
 from genrm_trio.core.retention import AgedIndex
 from genrm_trio.core.transition import Finish, _Step
 from genrm_trio.judge.client import JudgeClient, JudgeFailure, JudgeTask, JudgeVerdict
+from genrm_trio.runtime._waiters import Waiters
 from genrm_trio.runtime.engine import Engine
-from genrm_trio.runtime.waiters import Waiters
 from genrm_trio.store.memory_store import MemoryGroupStore
 from genrm_trio.testing.scenarios import (
     Disconnect,

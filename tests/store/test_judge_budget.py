@@ -1,6 +1,6 @@
 """The deployment's judge budget in a real Redis: exchanges of several processes against one
 ``judge_max_concurrency``, taking turns, leases that return a dead process's slots, and
-counts that correct themselves (store/judge_budget.py)."""
+counts that correct themselves (store/_judge_budget.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from trio.testing import MockClock
 
 from genrm_trio.core.outcomes import Outcome, Scored
 from genrm_trio.runtime.engine import Engine
-from genrm_trio.store.judge_budget import BudgetReply, StoredJudgeBudget
+from genrm_trio.store._judge_budget import BudgetReply, StoredJudgeBudget
 from genrm_trio.store.redis_store import RedisGroupStore
 from genrm_trio.store.resp import StoreAddress
 from genrm_trio.testing import FakeJudge

@@ -12,7 +12,7 @@ from genrm_trio.core.outcomes import Masked, Scored
 from genrm_trio.core.records import GroupInputs, Member, MemberTexts, Phase, Record, Watermark
 from genrm_trio.core.transition import Arrive, Decision, Event, Finish, Wait
 from genrm_trio.core.verdicts import Verdict
-from genrm_trio.store.records import (
+from genrm_trio.store._records import (
     decode_record,
     decode_watermark,
     encode_record,

@@ -14,7 +14,7 @@ Other processes serve the same groups, so a process must learn of their work:
   others on the offers channel; a process judging fewer claims it, the sooner the fewer it
   judges, and the offering process claims it back if nobody has;
 - *the judge budget*: ``judge_max_concurrency`` holds for the whole deployment, its slots drawn
-  from the store (store/judge_budget.py).
+  from the store (store/_judge_budget.py).
 
 Every transition it makes goes through the store like any other, and the engine acts on the
 decision as on its own.
@@ -30,8 +30,8 @@ import trio
 from genrm_trio.core import messages
 from genrm_trio.core.transition import CollectionDue, Event, Fail, TakeOverDue
 from genrm_trio.judge.slots import JudgeSlots
+from genrm_trio.store._judge_budget import SharedJudgeBudget
 from genrm_trio.store.group_store import StoreFailed, Watched
-from genrm_trio.store.judge_budget import SharedJudgeBudget
 from genrm_trio.store.resp import StoreUnavailable
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from genrm_trio.core.arrivals import Arrival
 from genrm_trio.core.identity import ResponseIdentity
 from genrm_trio.core.outcomes import Rejected
 from genrm_trio.core.transition import Reply
-from genrm_trio.runtime.waiters import Waiter
+from genrm_trio.runtime._waiters import Waiter
 
 __all__ = ["Batches", "Pending"]
 

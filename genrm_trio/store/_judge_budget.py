@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 import trio
 
 from genrm_trio.judge.slots import JudgeSlots
+from genrm_trio.store._scripts import Script
 from genrm_trio.store.group_store import StoreFailed
 from genrm_trio.store.resp import Arg
-from genrm_trio.store.scripts import Script
 
 if TYPE_CHECKING:
     from genrm_trio.store.redis_store import RedisGroupStore
