@@ -11,9 +11,10 @@ every 100 ms while the judge's connections fail for want of descriptors. This lo
   with a 503 naming the limit (not left hanging), and the episode is logged once, with its end;
 - treats running out of descriptors anyway (EMFILE and kin) as a logged pause, not a crash.
 
-Each connection's reads pass a ``ReadGate`` the application finds in its scope's state: while a
-request waits for room in the memory budget its gate is shut, and its body stays in the kernel
-and the client (TCP's own backpressure) instead of piling up in hypercorn's queue. Reads start
+Each connection's reads pass a ``ReadGate`` (http/read_gates.py), announced to the application
+in the scope of every request on the connection: while a request waits for room in the memory
+budget its gate is shut, and its body stays in the kernel and the client (TCP's own backpressure)
+instead of piling up in hypercorn's queue. Reads start
 small, so that a connection holds little while it waits, and grow while a body streams in.
 
 A whole step posted at once puts thousands of requests in the kernel before the server reads
@@ -54,7 +55,7 @@ import sys
 import termios
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, cast
+from typing import Any, cast
 
 import h11
 import trio
@@ -68,9 +69,18 @@ from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.statsd import StatsdLogger
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
-from hypercorn.typing import ConnectionState, Framework, LifespanState
+from hypercorn.typing import (
+    AppWrapper,
+    ASGIReceiveCallable,
+    ASGISendCallable,
+    ConnectionState,
+    Framework,
+    LifespanState,
+    Scope,
+)
 from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
 
+from genrm_trio.http.read_gates import ReadGate, ReadGates
 from genrm_trio.wire.rendering import error_body
 
 log = logging.getLogger("genrm_trio")
@@ -126,36 +136,30 @@ HEAD_PEEK_BYTES = 2048
 _CONTENT_LENGTH = re.compile(rb"\ncontent-length:[ \t]*(\d{1,12})[ \t]*\r?\n", re.IGNORECASE)
 # The end of a request's head as h11 finds it (h11._receivebuffer.blank_line_regex).
 _HEAD_END = re.compile(b"\n\r?\n")
-# Where the application finds its connection's ReadGate in ``scope["state"]``.
-READ_GATE_KEY: Final = "genrm_trio.read_gate"
 
 
-class ReadGate:
-    """Whether a connection's socket may be read. Shut by the application when it cannot take
-    the request's body yet, opened again when it can; open by default."""
+class Announcing:
+    """hypercorn's application wrapper for one connection: the ASGI scope of each request on it
+    carries ``extensions``."""
 
-    __slots__ = ("_opened",)
+    __slots__ = ("_app", "_extensions")
 
-    def __init__(self) -> None:
-        self._opened: trio.Event | None = None
+    def __init__(self, app: AppWrapper, extensions: dict[str, dict[str, Any]]) -> None:
+        self._app = app
+        self._extensions = extensions
 
-    @property
-    def is_open(self) -> bool:
-        return self._opened is None
-
-    def shut(self) -> None:
-        if self._opened is None:
-            self._opened = trio.Event()
-
-    def open(self) -> None:
-        if self._opened is not None:
-            self._opened.set()
-            self._opened = None
-
-    async def wait_open(self) -> None:
-        opened = self._opened
-        if opened is not None:
-            await opened.wait()
+    async def __call__(
+        self,
+        scope: Scope,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        sync_spawn: Callable[..., Any],
+        call_soon: Callable[..., Any],
+    ) -> None:
+        if scope["type"] == "http":
+            # hypercorn makes a fresh dict of extensions for each request.
+            scope["extensions"].update(self._extensions)
+        await self._app(scope, receive, send, sync_spawn, call_soon)
 
 
 class GatedTCPServer(TCPServer):
@@ -439,12 +443,6 @@ def _stream_error(exc: OSError) -> trio.ClosedResourceError | trio.BrokenResourc
     return trio.BrokenResourceError(exc)
 
 
-def read_gate(scope: Any) -> ReadGate | None:
-    """The ReadGate of the connection a request came on, when `serve` runs it."""
-    state = scope.get("state")
-    return None if state is None else state.get(READ_GATE_KEY)
-
-
 def over_limit_reply(connections: int, open_file_limit: int) -> bytes:
     """The whole HTTP reply given to a connection over the client-connection cap."""
     body = error_body(
@@ -594,13 +592,15 @@ async def serve_app(
     gate: ConnectionGate,
     *,
     shutdown_trigger: Callable[[], Awaitable[Any]],
+    read_gates: ReadGates | None = None,
     accept_batch: int = ACCEPT_BATCH,
     turns: trio.Semaphore | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `app` on `settings.bind` until `shutdown_trigger` returns, as hypercorn's trio
     worker does (ASGI lifespan, graceful timeout), but accepting through `gate`; requests are
-    read in `turns` (by default RECEIVING_REQUESTS at once)."""
+    read in `turns` (by default RECEIVING_REQUESTS at once). Each connection's ReadGate is
+    announced to `app` through `read_gates`, the object `create_app` was given."""
     settings.set_statsd_logger_class(StatsdLogger)
     asgi = wrap_app(app, settings.wsgi_max_body_size, "asgi")
     lifespan_state: LifespanState = {}
@@ -623,13 +623,15 @@ async def serve_app(
 
             async def handle(stream: trio.SocketStream) -> None:
                 reads = ReadGate()
-                connection_state = ConnectionState({**state, READ_GATE_KEY: reads})
+                announcing = (
+                    asgi if read_gates is None else Announcing(asgi, read_gates.extensions(reads))
+                )
                 try:
                     await GatedTCPServer(
-                        asgi,
+                        announcing,
                         settings,
                         context,
-                        connection_state,
+                        state,
                         stream,
                         gate=reads,
                         turns=reading,
