@@ -18,7 +18,8 @@ from genrm_trio.cli import hypercorn_settings
 from genrm_trio.config import config_from_mapping
 from genrm_trio.http.app import GenRMApp, create_app
 from genrm_trio.http.read_gates import ReadGates
-from genrm_trio.http.serving import GATHERED_BODY_BYTES, ConnectionGate, serve_app
+from genrm_trio.http.read_loop import GATHERED_BODY_BYTES
+from genrm_trio.http.serving import ConnectionGate, serve_app
 from genrm_trio.testing.fake_judge import FakeJudge
 from genrm_trio.testing.harness import SCENARIO_DEFAULTS, member, running_server
 
