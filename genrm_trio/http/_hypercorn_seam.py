@@ -40,7 +40,8 @@ The rules ``read`` keeps with the ``Connection`` it is given
    called once ``remaining`` is 0: h11 counts the bytes as read and ends the body itself, so the
    connection goes on to its next request as if h11 had read them. If the client stops early,
    ``feed(b"")`` instead, and h11 answers 400. Once the body is ``answered`` (the application
-   replied without reading all of it), the rest goes to ``feed``, and h11 reads and drops it.
+   replied without reading all of it), none of the rest is given: hypercorn closes the
+   connection, as it does whenever a reply goes out before its request is whole.
 5. ``let_application_run()``, after a ``feed`` that ended a request's head, returns once the
    application's task for that request has run up to its first wait: the application has then
    decided whether the body may be read now.

@@ -210,7 +210,7 @@ class RequestReader:
         while body.remaining:
             await self._gate.wait_open()
             if body.answered:
-                return False  # answered already: h11 reads (and drops) the rest as usual
+                return False  # answered already: hypercorn closes the connection
             # A read asks for what the kernel holds: a buffer over the mmap threshold that
             # got less would stay a mapping of its own (glibc shrinks it in place), one per
             # read of a client sending slowly.
