@@ -1,15 +1,20 @@
-"""The accept side of `serve`: hypercorn's HTTP/1.1 protocol behind our own listener.
+"""The accept side of `serve`: our own Trio listener, served by `trio.serve_listeners`, in front
+of hypercorn's HTTP/1.1 protocol.
 
 A trainer opens a fresh connection per rollout and posts a whole step at once, and each of those
-connections then waits for its group. hypercorn's own loop (trio's `serve_listeners`) accepts
-one connection per trip through the scheduler and, when descriptors run out, logs a traceback
-every 100 ms while the judge's connections fail for want of descriptors. This loop instead:
+connections then waits for its group. trio's ``SocketListener``, which hypercorn's own worker
+serves, accepts one connection per trip through the scheduler; and when descriptors run out,
+`serve_listeners` logs a traceback every 100 ms while the judge's connections fail for want of
+descriptors. ``GatedListener`` instead:
 
-- accepts in batches, so the kernel's listen queue drains as fast as clients fill it;
+- accepts in batches: after one wait for the socket it returns up to ``ACCEPT_BATCH`` queued
+  connections without a checkpoint, so that `serve_listeners` starts their handlers back to back
+  and the kernel's listen queue drains as fast as clients fill it;
 - keeps client connections under a cap sized from the open-file limit, so the descriptors a group
   needs to be judged and answered always remain; a connection over the cap is answered at once
   with a 503 naming the limit (not left hanging), and the episode is logged once, with its end;
-- treats running out of descriptors anyway (EMFILE and kin) as a logged pause, not a crash.
+- treats running out of descriptors anyway (EMFILE and kin) as a logged pause within ``accept``,
+  which `serve_listeners` never sees.
 
 Each connection it admits is served by hypercorn's protocol and read by its own read loop
 (http/read_loop.py), through a ``ReadGate`` announced to the application in the scope of every
@@ -40,8 +45,8 @@ from genrm_trio.wire.rendering import error_body
 
 log = logging.getLogger("genrm_trio")
 
-# One wake-up of the accept loop takes at most this many connections before letting the
-# handlers it started run. With thousands of connection tasks runnable, one pass of the
+# One wake-up of the listener takes at most this many connections before letting the handlers
+# started for them run. With thousands of connection tasks runnable, one pass of the
 # scheduler takes long enough for a fast client to refill the queue, so each wake-up may empty
 # the default backlog whole (accepting one costs tens of microseconds). With 256, one of two
 # bursts of 8,192 in bench_burst.py saw 8 listen-queue overflows; with 4,096, none in two.
@@ -49,14 +54,14 @@ ACCEPT_BATCH = 4096
 # A worker of `serve --workers` shares its listening socket with the others, and every one of
 # them is woken for each new connection: taking a whole burst in one wake-up would leave the
 # others idle while it parses every body. In small batches, whichever worker comes back to its
-# accept loop first (the least busy one) takes the next connections.
+# listener first (the least busy one) takes the next connections.
 WORKER_ACCEPT_BATCH = 16
 # accept(2) errors meaning the process or the system is out of descriptors or memory: waiting is
 # the only remedy, and the connection stays in the listen queue meanwhile.
 OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 OUT_OF_RESOURCES_PAUSE_S = 0.1
 # accept(2) errors about the one connection being accepted (it went away, or a firewall said no);
-# the loop carries on with the next.
+# the listener carries on with the next.
 CONNECTION_GONE = frozenset(
     {errno.ECONNABORTED, errno.ECONNRESET, errno.EPROTO, errno.EPERM, errno.ETIMEDOUT}
 )
@@ -155,57 +160,85 @@ class ConnectionGate:
             self._starved_since = None
 
 
-async def _reject(stream: trio.SocketStream, gate: ConnectionGate) -> None:
+async def _reject(stream: trio.SocketStream, reply: bytes) -> None:
+    """Answer a connection over the cap with ``reply`` (the 503), and drain what the client is
+    still sending, for at most REJECT_DRAIN_S."""
     try:
         with trio.move_on_after(REJECT_DRAIN_S):
-            await stream.send_all(gate.reply)
+            await stream.send_all(reply)
             await stream.send_eof()
             while await stream.receive_some(65536):
                 pass
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         pass
-    finally:
-        gate.closed(admitted=False)
-        await trio.aclose_forcefully(stream)
 
 
-async def _accept_loop(
-    sock: socket.socket,
-    gate: ConnectionGate,
-    handle: Callable[[trio.SocketStream], Awaitable[None]],
-    handlers: trio.Nursery,
-    batch: int = ACCEPT_BATCH,
-) -> None:
-    sock.setblocking(False)
-    try:
+class Accepted(trio.abc.AsyncResource):
+    """A connection the listener accepted: ``admitted`` under the cap, or to be answered 503 at
+    once. Closing it gives its place back to the gate."""
+
+    __slots__ = ("_gate", "admitted", "stream")
+
+    def __init__(self, stream: trio.SocketStream, gate: ConnectionGate, admitted: bool) -> None:
+        self.stream = stream
+        self.admitted = admitted
+        self._gate: ConnectionGate | None = gate
+
+    async def aclose(self) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.closed(admitted=self.admitted)
+        await self.stream.aclose()
+
+
+class GatedListener(trio.abc.Listener[Accepted]):
+    """A listening socket as a Trio listener, accepting through the connection cap (``gate``)
+    in batches of up to ``batch``, and pausing, logged, while descriptors run out."""
+
+    def __init__(self, sock: socket.socket, gate: ConnectionGate, batch: int) -> None:
+        sock.setblocking(False)
+        self._socket = sock
+        self._gate = gate
+        self._batch = batch
+        # What this wake-up may still take before waiting for the socket again.
+        self._left = 0
+
+    async def accept(self) -> Accepted:
+        """The next connection. After a wait for the socket, up to ``batch`` connections the
+        kernel has queued are returned one after another without a checkpoint, so that
+        ``trio.serve_listeners`` starts each one's handler and takes the next at once; the next
+        wait lets those handlers run."""
+        gate = self._gate
+        sock = self._socket
         while True:
-            while not gate.can_accept:
-                await gate.room.wait()
-            await trio.lowlevel.wait_readable(sock)
-            for _ in range(batch):
-                if not gate.can_accept:
-                    break
-                try:
-                    conn, _ = sock.accept()
-                except BlockingIOError:
-                    break
-                except OSError as exc:
-                    if exc.errno in CONNECTION_GONE:
-                        continue
-                    if exc.errno in OUT_OF_RESOURCES:
-                        gate.out_of_descriptors(exc)
-                        await trio.sleep(OUT_OF_RESOURCES_PAUSE_S)
-                        break
-                    raise
-                gate.accepted()
-                stream = trio.SocketStream(trio.socket.from_stdlib_socket(conn))
-                if gate.admit():
-                    handlers.start_soon(handle, stream)
-                else:
-                    handlers.start_soon(_reject, stream, gate)
-    finally:
-        trio.lowlevel.notify_closing(sock)
-        sock.close()
+            if not self._left or not gate.can_accept:
+                while not gate.can_accept:
+                    await gate.room.wait()
+                await trio.lowlevel.wait_readable(sock)
+                self._left = self._batch
+            self._left -= 1
+            try:
+                conn, _ = sock.accept()
+            except BlockingIOError:
+                self._left = 0
+                continue
+            except OSError as exc:
+                if exc.errno in CONNECTION_GONE:
+                    continue
+                if exc.errno in OUT_OF_RESOURCES:
+                    gate.out_of_descriptors(exc)
+                    await trio.sleep(OUT_OF_RESOURCES_PAUSE_S)
+                    self._left = 0
+                    continue
+                raise
+            gate.accepted()
+            stream = trio.SocketStream(trio.socket.from_stdlib_socket(conn))
+            return Accepted(stream, gate, gate.admit())
+
+    async def aclose(self) -> None:
+        trio.lowlevel.notify_closing(self._socket)
+        self._socket.close()
+        await trio.lowlevel.checkpoint()
 
 
 async def serve_app(
@@ -228,20 +261,20 @@ async def serve_app(
     async with running(app, settings) as worker:
         listening = worker.listen()
 
-        async def handle(stream: trio.SocketStream) -> None:
+        async def handle(accepted: Accepted) -> None:
+            stream = accepted.stream
+            if not accepted.admitted:
+                await _reject(stream, gate.reply)
+                return
             reads = ReadGate()
             reader = RequestReader(stream, reads, reading, read_timeout)
             extensions = None if read_gates is None else read_gates.extensions(reads)
-            try:
-                await worker.serve_connection(stream, reader.run, extensions)
-            finally:
-                gate.closed(admitted=True)
-                await trio.aclose_forcefully(stream)
+            await worker.serve_connection(stream, reader.run, extensions)
+
+        listeners = [GatedListener(sock, gate, accept_batch) for sock, _ in listening]
 
         async def accept(handlers: trio.Nursery) -> None:
-            async with trio.open_nursery() as nursery:
-                for sock, _ in listening:
-                    nursery.start_soon(_accept_loop, sock, gate, handle, handlers, accept_batch)
+            await trio.serve_listeners(handle, listeners, handler_nursery=handlers)
 
         task_status.started([url for _, url in listening])
         await worker.serve(accept, shutdown_trigger)
