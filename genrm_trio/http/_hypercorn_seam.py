@@ -53,7 +53,7 @@ The rules ``read`` keeps with the ``Connection`` it is given
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -151,16 +151,18 @@ class Worker:
                     trio.current_time() + self._settings.graceful_timeout
                 )
 
-    async def serve_connection(
+    def serve_connection(
         self,
         stream: trio.SocketStream,
         read: ReadRequests,
         extensions: Mapping[str, dict[str, Any]] | None = None,
-    ) -> None:
-        """Serve one connection with hypercorn's protocol, ``read`` reading it; returns when the
-        connection is done. ``extensions``: added to each of its requests' scope."""
+    ) -> Awaitable[None]:
+        """Serve one connection with hypercorn's protocol, ``read`` reading it, when awaited;
+        done when the connection is. ``extensions``: added to each of its requests' scope."""
+        # Not a coroutine function: thousands of connections wait at once, each holding what its
+        # awaits hold, so this frame would be one more per connection.
         app = self._app if not extensions else _Announcing(self._app, extensions)
-        await _ConnectionHandler(app, self._settings, self._context, self._state, stream, read)
+        return _ConnectionHandler(app, self._settings, self._context, self._state, stream, read)
 
 
 class _ConnectionHandler(TCPServer):
@@ -199,18 +201,20 @@ class _Announcing:
         self._app = app
         self._extensions = extensions
 
-    async def __call__(
+    def __call__(
         self,
         scope: Scope,
         receive: ASGIReceiveCallable,
         send: ASGISendCallable,
         sync_spawn: Callable[..., Any],
         call_soon: Callable[..., Any],
-    ) -> None:
+    ) -> Coroutine[Any, Any, None]:
+        # Not a coroutine function, as serve_connection, so that a waiting request holds no
+        # frame of this one.
         if scope["type"] == "http":
             # hypercorn makes a fresh dict of extensions for each request.
             scope["extensions"].update(self._extensions)
-        await self._app(scope, receive, send, sync_spawn, call_soon)
+        return self._app(scope, receive, send, sync_spawn, call_soon)
 
 
 class Connection:

@@ -261,15 +261,16 @@ async def serve_app(
     async with running(app, settings) as worker:
         listening = worker.listen()
 
-        async def handle(accepted: Accepted) -> None:
+        def handle(accepted: Accepted) -> Awaitable[None]:
+            # What serve_listeners awaits for the connection. Not a coroutine function: each of
+            # thousands of waiting connections would hold one more frame for it.
             stream = accepted.stream
             if not accepted.admitted:
-                await _reject(stream, gate.reply)
-                return
+                return _reject(stream, gate.reply)
             reads = ReadGate()
             reader = RequestReader(stream, reads, reading, read_timeout)
             extensions = None if read_gates is None else read_gates.extensions(reads)
-            await worker.serve_connection(stream, reader.run, extensions)
+            return worker.serve_connection(stream, reader.run, extensions)
 
         listeners = [GatedListener(sock, gate, accept_batch) for sock, _ in listening]
 
