@@ -53,7 +53,7 @@ The rules ``read`` keeps with the ``Connection`` it is given
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -155,10 +155,11 @@ class Worker:
         self,
         stream: trio.SocketStream,
         read: ReadRequests,
-        extensions: Mapping[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
     ) -> Awaitable[None]:
         """Serve one connection with hypercorn's protocol, ``read`` reading it, when awaited;
-        done when the connection is. ``extensions``: added to each of its requests' scope."""
+        done when the connection is. ``extensions``: in each of its requests' scope (the same
+        dict for each, not a copy)."""
         # Not a coroutine function: thousands of connections wait at once, each holding what its
         # awaits hold, so this frame would be one more per connection.
         app = self._app if not extensions else _Announcing(self._app, extensions)
@@ -197,7 +198,7 @@ class _Announcing:
 
     __slots__ = ("_app", "_extensions")
 
-    def __init__(self, app: AppWrapper, extensions: Mapping[str, dict[str, Any]]) -> None:
+    def __init__(self, app: AppWrapper, extensions: dict[str, dict[str, Any]]) -> None:
         self._app = app
         self._extensions = extensions
 
@@ -212,8 +213,12 @@ class _Announcing:
         # Not a coroutine function, as serve_connection, so that a waiting request holds no
         # frame of this one.
         if scope["type"] == "http":
-            # hypercorn makes a fresh dict of extensions for each request.
-            scope["extensions"].update(self._extensions)
+            # hypercorn makes a fresh dict of extensions for each request, empty on HTTP/1.1: the
+            # connection's own takes its place, so that a waiting request holds no copy of it.
+            extensions = scope["extensions"]
+            scope["extensions"] = (
+                {**extensions, **self._extensions} if extensions else self._extensions
+            )
         return self._app(scope, receive, send, sync_spawn, call_soon)
 
 
