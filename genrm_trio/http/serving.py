@@ -16,6 +16,10 @@ descriptors. ``GatedListener`` instead:
 - treats running out of descriptors anyway (EMFILE and kin) as a logged pause within ``accept``,
   which `serve_listeners` never sees.
 
+It replaced an accept loop of `serve`'s own that did the same: bursts of 8,192 fresh connections
+ran at the same rate and server CPU per /verify through either, with no listen-queue overflow
+(docs/performance.md, "The accept side as a Trio listener").
+
 Each connection it admits is served by hypercorn's protocol and read by its own read loop
 (http/read_loop.py), through a ``ReadGate`` announced to the application in the scope of every
 request on the connection (http/read_gates.py). What it needs of hypercorn and h11 beyond their
