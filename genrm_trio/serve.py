@@ -96,6 +96,7 @@ async def serve(
 ) -> None:
     """Serve until SIGINT/SIGTERM, then shut down gracefully (CL-4)."""
     from genrm_trio.http.app import create_app
+    from genrm_trio.http.read_gates import ReadGates
     from genrm_trio.http.serving import (
         ACCEPT_BATCH,
         WORKER_ACCEPT_BATCH,
@@ -108,7 +109,10 @@ async def serve(
         log.info(line)
     for line in tuning.warnings:
         log.warning(line)
-    app = create_app(config)
+    # The connections' read gates, handed to the app so that a body waiting for room in the
+    # memory budget stays unread in the kernel and the client.
+    read_gates = ReadGates()
+    app = create_app(config, read_gates=read_gates)
     settings = hypercorn_settings(config, backlog=tuning.backlog)
     if listen_fd is not None:
         settings.bind = [f"fd://{listen_fd}"]
@@ -149,6 +153,7 @@ async def serve(
                 settings,
                 gate,
                 shutdown_trigger=stop.wait,
+                read_gates=read_gates,
                 accept_batch=ACCEPT_BATCH if listen_fd is None else WORKER_ACCEPT_BATCH,
                 task_status=task_status,
             )

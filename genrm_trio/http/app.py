@@ -47,6 +47,7 @@ from genrm_trio.http.prometheus import (
     metrics_registry,
     render_metrics,
 )
+from genrm_trio.http.read_gates import ReadGates
 from genrm_trio.http.receiving import BodyReceiver, Refused
 from genrm_trio.http.request_counts import RequestCounts
 from genrm_trio.http.spool import Spool, SpoolBudget
@@ -138,9 +139,11 @@ def create_app(
     judge_transport: TransportFactory | None = None,
     hooks: Hooks | None = None,
     store: GroupStore | None = None,
+    read_gates: ReadGates | None = None,
 ) -> GenRMApp:
     """Build an independent server instance; `judge_transport` replaces the judge's network,
-    `store` the group store the configuration names (`group_store`)."""
+    `store` the group store the configuration names (`group_store`). `read_gates`: given by
+    `serve`, which then lets a body wait unread for room in the budget."""
     if not isinstance(config, Config):
         config = config_from_mapping(config)
     app = GenRMApp("genrm_trio")
@@ -153,7 +156,7 @@ def create_app(
     engine = Engine(config, store, judge_transport=judge_transport, hooks=hooks)
     app.engine = engine
     budget = SpoolBudget(config.waiting_body_memory_bytes)
-    receiver = BodyReceiver(budget, config.max_body_bytes, app.config["BODY_TIMEOUT"])
+    receiver = BodyReceiver(budget, config.max_body_bytes, app.config["BODY_TIMEOUT"], read_gates)
     spool = Spool(config.spool_dir)
     app.spool = spool
     app.spool_budget = budget

@@ -3,11 +3,12 @@
 A trainer posts a whole step at once, so what a server holds is decided before it reads: each
 body is admitted by its Content-Length before a byte of it is taken from hypercorn. Within the
 budget it is read into memory and stays there while its request waits. Beyond it, the request
-waits for one of ``SPOOL_SLOTS`` slots with its connection's reads shut (``ReadGate``): its bytes
-stay in the kernel and the client. With a slot it is read, validated, written to its spool file
-and let go, so at most ``SPOOL_SLOTS`` bodies beyond the budget are in memory at once. Slots
-are given back as soon as a body is on disk, never held while a group waits, so a group whose
-members all queue for slots still completes.
+waits for one of ``SPOOL_SLOTS`` slots with its connection's reads shut (its ``ReadGate``, found
+through the ``ReadGates`` that `serve` hands over): its bytes stay in the kernel and the client.
+With a slot it is read, validated, written to its spool file and let go, so at most
+``SPOOL_SLOTS`` bodies beyond the budget are in memory at once. Slots are given back as soon as a
+body is on disk, never held while a group waits, so a group whose members all queue for slots
+still completes.
 
 A chunked body (no Content-Length) is admitted chunk by chunk; when a chunk does not fit, the
 rest of the body waits for a slot and the whole body is spooled.
@@ -27,7 +28,7 @@ from typing import Final, cast
 import trio
 from hypercorn.typing import ASGIReceiveCallable, HTTPScope
 
-from genrm_trio.http.serving import read_gate
+from genrm_trio.http.read_gates import ReadGate, ReadGates
 from genrm_trio.http.spool import SpoolBudget
 
 # Bodies beyond the budget read, validated and written to their files at once. Validation runs
@@ -103,13 +104,22 @@ class BodyReceiver:
     """Admits and reads /verify bodies for one server."""
 
     def __init__(
-        self, budget: SpoolBudget, max_body_bytes: int, read_seconds: float | None
+        self,
+        budget: SpoolBudget,
+        max_body_bytes: int,
+        read_seconds: float | None,
+        read_gates: ReadGates | None = None,
     ) -> None:
         self.budget = budget
         self.max_body_bytes = max_body_bytes
         # How long reading one body may take (Quart's BODY_TIMEOUT); the wait for room is apart.
         self.read_seconds = read_seconds
         self.slots = trio.Semaphore(SPOOL_SLOTS)
+        # Under `serve`, how a request's connection is kept from being read while its body waits.
+        self.read_gates = read_gates
+
+    def _read_gate(self, scope: HTTPScope) -> ReadGate | None:
+        return None if self.read_gates is None else self.read_gates.of(scope)
 
     @contextlib.asynccontextmanager
     async def receive(
@@ -149,7 +159,7 @@ class BodyReceiver:
         received = Received(self.budget, None)
         try:
             if declared is not None:
-                gate = read_gate(scope)
+                gate = self._read_gate(scope)
                 if gate is not None:
                     gate.shut()
                 try:
@@ -167,7 +177,7 @@ class BodyReceiver:
             received.done()
 
     async def _wait_for_slot(self, scope: HTTPScope, received: Received) -> None:
-        gate = read_gate(scope)
+        gate = self._read_gate(scope)
         if gate is not None:
             gate.shut()
         try:

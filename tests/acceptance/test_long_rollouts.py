@@ -1,9 +1,11 @@
 """Long rollouts sent to `genrm-trio serve` as a real process, under the process settings `serve`
-makes for itself (glibc's mmap threshold fixed at 128 KiB among them)."""
+makes for itself (glibc's mmap threshold fixed at 128 KiB among them), and beyond the memory
+budget for waiting bodies, where `serve` stops reading a body's connection until it has room."""
 
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -104,5 +106,80 @@ async def test_a_long_rollout_sent_in_small_pieces_gets_its_row_and_costs_about_
         assert slowly == quickly
         assert slowly["mask_sample"] is False
         assert slowly["response"]["generation_token_ids"][-1] == TOKENS + slot - 1
+    judge.kill()
+    process.kill()
+
+
+def head(length: int) -> bytes:
+    return (
+        b"POST /verify HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % length
+    )
+
+
+def fill(sock: socket.socket, data: memoryview) -> int:
+    """Send from ``data`` until the kernel takes no more; the bytes sent."""
+    sent = 0
+    while sent < len(data):
+        try:
+            sent += sock.send(data[sent : sent + (1 << 20)])
+        except BlockingIOError:
+            break
+    return sent
+
+
+async def kernel_buffers() -> int:
+    """What the kernel holds of a loopback connection whose peer reads nothing, filled the way
+    the test fills its request's."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        peer, _ = listener.accept()
+        with client, peer:
+            client.setblocking(False)
+            data = memoryview(bytes(64 << 20))
+            sent = fill(client, data)
+            await trio.sleep(0.5)
+            return sent + fill(client, data[sent:])
+
+
+async def test_a_long_rollout_beyond_the_memory_budget_waits_unread_while_the_slots_are_busy(
+    cli: Any, tmp_path: Path
+) -> None:
+    judge, judge_url = cli.start_fake_judge()
+    sets = [
+        f"judge_base_url={judge_url}",
+        "judge_model=genrm",
+        "num_rollouts_per_prompt=2",
+        "waiting_body_memory_bytes=0",
+        f"spool_dir={tmp_path / 'spool'}",
+    ]
+    process, url, _ = cli.start_serve(*[arg for s in sets for arg in ("--set", s)])
+    port = int(url.rsplit(":", 1)[1])
+    client = cli.http_client(url)
+
+    def receiving() -> int:
+        return int(cli.json_of(client.get("/healthz"))["body_bytes_receiving"])
+
+    # Both spool slots busy: two bodies beyond the budget, each read within its slot, whose
+    # clients stop sending halfway.
+    holders = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+    for holder in holders:
+        holder.sendall(head(2_000_000) + b"x" * 100_000)
+    cli.wait_until(lambda: receiving() == 200_000)
+    # A third waits for a slot with its connection's reads stopped: its client can send no more
+    # than the kernel holds. Read instead, hypercorn's queue would take another 10 MiB or so.
+    waiting = socket.create_connection(("127.0.0.1", port))
+    waiting.setblocking(False)
+    start = head(48_000_000)
+    request = memoryview(bytearray(len(start) + 48_000_000))
+    request[: len(start)] = start
+    sent = fill(waiting, request)
+    await trio.sleep(0.5)
+    sent += fill(waiting, request[sent:])
+    assert sent <= await kernel_buffers() + (1 << 20)
+    assert receiving() == 200_000
+    for sock in (*holders, waiting):
+        sock.close()
+    client.close()
     judge.kill()
     process.kill()

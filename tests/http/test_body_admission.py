@@ -17,6 +17,7 @@ import trio.lowlevel
 
 from genrm_trio.config import config_from_mapping
 from genrm_trio.http.app import GenRMApp, create_app
+from genrm_trio.http.read_gates import ReadGates
 from genrm_trio.http.receiving import SPOOL_SLOTS
 from genrm_trio.http.serving import ConnectionGate, serve_app
 from genrm_trio.serve import hypercorn_settings
@@ -73,7 +74,8 @@ async def serving(**overrides: Any) -> AsyncIterator[tuple[GenRMApp, int]]:
     config = config_from_mapping(
         {**SCENARIO_DEFAULTS, "num_rollouts_per_prompt": GROUP, "port": 0, **overrides}
     )
-    app = create_app(config, judge_transport=FakeJudge().transport())
+    read_gates = ReadGates()
+    app = create_app(config, judge_transport=FakeJudge().transport(), read_gates=read_gates)
     settings = hypercorn_settings(config)
     settings.bind = ["127.0.0.1:0"]
     gate = ConnectionGate(capacity=512, open_file_limit=1024, rejecting_slots=4)
@@ -81,7 +83,12 @@ async def serving(**overrides: Any) -> AsyncIterator[tuple[GenRMApp, int]]:
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(
             lambda task_status: serve_app(
-                app, settings, gate, shutdown_trigger=stop.wait, task_status=task_status
+                app,
+                settings,
+                gate,
+                shutdown_trigger=stop.wait,
+                read_gates=read_gates,
+                task_status=task_status,
             )
         )
         port = int(binds[0].rsplit(":", 1)[1])

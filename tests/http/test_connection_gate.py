@@ -1,5 +1,5 @@
-"""The connection cap of `serve`'s accept loop: who is admitted, who gets the 503, and the log
-lines that mark the start and the end of each episode."""
+"""The accept side of `serve`: its listener's batches, the connection cap (who is admitted, who
+gets the 503) and the log lines that mark the start and the end of each episode."""
 
 from __future__ import annotations
 
@@ -14,7 +14,15 @@ import pytest
 import trio
 import trio.testing
 
-from genrm_trio.http.serving import ConnectionGate, _accept_loop, over_limit_reply
+from genrm_trio.config import Config
+from genrm_trio.http.serving import (
+    Accepted,
+    ConnectionGate,
+    GatedListener,
+    over_limit_reply,
+    serve_app,
+)
+from genrm_trio.serve import hypercorn_settings
 
 
 class Lines(logging.Handler):
@@ -106,7 +114,7 @@ class RunsOutOnce(socket.socket):
         return super().accept()
 
 
-async def test_the_accept_loop_waits_out_descriptor_exhaustion_and_then_serves(
+async def test_the_listener_waits_out_descriptor_exhaustion_and_then_serves(
     lines: Lines, autojump_clock: trio.testing.MockClock
 ) -> None:
     listener = RunsOutOnce()
@@ -117,22 +125,98 @@ async def test_the_accept_loop_waits_out_descriptor_exhaustion_and_then_serves(
     served: list[bytes] = []
     done = trio.Event()
 
-    async def handle(stream: trio.SocketStream) -> None:
-        served.append(await stream.receive_some(100))
-        gate.closed(admitted=True)
-        await stream.aclose()
+    async def handle(accepted: Accepted) -> None:
+        assert accepted.admitted
+        served.append(await accepted.stream.receive_some(100))
         done.set()
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_accept_loop, listener, gate, handle, nursery)
+        nursery.start_soon(trio.serve_listeners, handle, [GatedListener(listener, gate, 16)])
         client = await trio.open_tcp_stream("127.0.0.1", port)
         await client.send_all(b"hello")
         await done.wait()
         await client.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        assert gate.open == 0  # the connection, closed, gave its place back
         nursery.cancel_scope.cancel()
 
     assert served == [b"hello"]
-    assert listener.fileno() == -1  # closed when the loop ends
+    assert listener.fileno() == -1  # closed when serving ends
     messages = lines.messages()
     assert messages[0].startswith("ERROR out of file descriptors: accept failed with EMFILE")
     assert messages[1].startswith("WARNING accepting connections again after ")
+
+
+async def test_the_listener_returns_the_connections_queued_in_one_batch_without_waiting() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        gate = ConnectionGate(capacity=100, open_file_limit=256, rejecting_slots=2)
+        listener = GatedListener(sock, gate, batch=3)
+        clients = [socket.create_connection(sock.getsockname()) for _ in range(5)]
+        accepted = [await listener.accept()]
+        # The rest of the batch comes without a checkpoint: serve_listeners starts each one's
+        # handler and comes straight back for the next.
+        with trio.testing.assert_no_checkpoints():
+            accepted += [await listener.accept(), await listener.accept()]
+        with trio.testing.assert_checkpoints():
+            accepted.append(await listener.accept())  # a new batch begins with a wait
+        assert gate.open == 4 and all(connection.admitted for connection in accepted)
+        for connection in accepted:
+            await connection.aclose()
+        assert gate.open == 0
+        for client in clients:
+            client.close()
+
+
+async def test_a_connection_over_the_cap_is_answered_at_once_with_the_503_naming_the_limit(
+    lines: Lines,
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        gate = ConnectionGate(capacity=1, open_file_limit=256, rejecting_slots=2)
+        listener = GatedListener(sock, gate, batch=16)
+        first = socket.create_connection(sock.getsockname())
+        second = socket.create_connection(sock.getsockname())
+        held, refused = await listener.accept(), await listener.accept()
+        assert (held.admitted, refused.admitted) == (True, False)
+        assert (gate.open, gate.rejecting, gate.rejected_total) == (1, 1, 1)
+        await refused.aclose()
+        await held.aclose()
+        assert (gate.open, gate.rejecting) == (0, 0)
+        first.close()
+        second.close()
+    assert lines.messages()[0].startswith("WARNING connection limit reached: 1 client")
+
+
+async def tiny_app(scope: Any, receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    await send({"type": "http.response.start", "status": 204, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def test_serve_answers_a_connection_over_the_cap_with_the_503_and_closes_it() -> None:
+    settings = hypercorn_settings(Config(judge_base_url="http://judge.invalid/v1", judge_model="m"))
+    settings.bind = ["127.0.0.1:0"]
+    gate = ConnectionGate(capacity=1, open_file_limit=256, rejecting_slots=2)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        [url] = await nursery.start(
+            lambda task_status: serve_app(
+                tiny_app, settings, gate, shutdown_trigger=stop.wait, task_status=task_status
+            )
+        )
+        port = int(url.rsplit(":", 1)[1])
+        held = await trio.open_tcp_stream("127.0.0.1", port)
+        await held.send_all(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
+        assert (await held.receive_some(65536)).startswith(b"HTTP/1.1 204 ")
+        refused = await trio.open_tcp_stream("127.0.0.1", port)
+        reply = b""
+        while data := await refused.receive_some(65536):
+            reply += data
+        assert reply == over_limit_reply(1, 256)
+        await refused.aclose()
+        await held.aclose()
+        stop.set()
+    assert gate.rejected_total == 1

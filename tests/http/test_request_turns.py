@@ -16,7 +16,9 @@ import trio
 
 from genrm_trio.config import config_from_mapping
 from genrm_trio.http.app import GenRMApp, create_app
-from genrm_trio.http.serving import GATHERED_BODY_BYTES, ConnectionGate, serve_app
+from genrm_trio.http.read_gates import ReadGates
+from genrm_trio.http.read_loop import GATHERED_BODY_BYTES
+from genrm_trio.http.serving import ConnectionGate, serve_app
 from genrm_trio.serve import hypercorn_settings
 from genrm_trio.testing import FakeJudge
 from genrm_trio.testing.harness import SCENARIO_DEFAULTS, member, running_server
@@ -59,7 +61,8 @@ async def serving(
     config = config_from_mapping(
         {**SCENARIO_DEFAULTS, "num_rollouts_per_prompt": GROUP, "port": 0, **overrides}
     )
-    app = create_app(config, judge_transport=FakeJudge().transport())
+    read_gates = ReadGates()
+    app = create_app(config, judge_transport=FakeJudge().transport(), read_gates=read_gates)
     settings = hypercorn_settings(config)
     settings.bind = ["127.0.0.1:0"]
     if keep_alive_s is not None:
@@ -73,6 +76,7 @@ async def serving(
                 settings,
                 gate,
                 shutdown_trigger=stop.wait,
+                read_gates=read_gates,
                 turns=turns,
                 task_status=task_status,
             )
