@@ -1,6 +1,6 @@
 """What `serve` relies on inside hypercorn and h11, checked by behaviour: http/_hypercorn_seam.py
 driven with hypercorn's own protocol and h11 over a real socket pair, serving a tiny ASGI app,
-by a read loop written here and by serve's own (http/read_loop.py). A hypercorn or h11 that
+by a read loop written here and by serve's own (http/_read_loop.py). A hypercorn or h11 that
 changes what the seam relies on fails here, by the rule of the seam it breaks.
 """
 
@@ -23,8 +23,8 @@ from hypercorn.config import Config as HypercornConfig
 import genrm_trio
 from genrm_trio.config import Config
 from genrm_trio.http._hypercorn_seam import Connection, ReadRequests, Worker, running
+from genrm_trio.http._read_loop import FIRST_READ_BYTES, GATHERED_BODY_BYTES, RequestReader
 from genrm_trio.http.read_gates import ReadGate, ReadGates
-from genrm_trio.http.read_loop import FIRST_READ_BYTES, GATHERED_BODY_BYTES, RequestReader
 from genrm_trio.serve import hypercorn_settings
 
 # --- a tiny application and a client ------------------------------------------------------------

@@ -56,6 +56,7 @@ PUBLIC_MODULES: dict[str, set[str]] = {
     },
     # client, slots and transport are imported by the runtime; http11 and balancer are named
     # by the docs.
+    "genrm_trio.http": {"app", "read_gates", "serving"},
     "genrm_trio.judge": {"balancer", "client", "http11", "slots", "transport"},
     "genrm_trio.runtime": {"compare", "engine", "hooks"},
     "genrm_trio.store": {

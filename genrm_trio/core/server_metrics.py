@@ -1,7 +1,7 @@
 """The server's running counts and latency histograms, kept as plain numbers (§9.3, X-6).
 
 Recording is a dictionary increment or one bisect, with no lock and no I/O, so the request and
-judge paths stay cheap; ``http/prometheus.py`` turns these numbers into the Prometheus exposition
+judge paths stay cheap; ``http/_prometheus.py`` turns these numbers into the Prometheus exposition
 when ``GET /metrics`` is scraped. Nothing here carries a group id: label values come from small
 fixed sets (outcomes, kinds, replica URLs).
 """

@@ -1,7 +1,7 @@
 """hypercorn and h11 as `serve` drives them: every internal of theirs it relies on, in one place.
 
 `serve` keeps hypercorn's HTTP/1.1 protocol, its ASGI lifespan and its graceful stop, but accepts
-connections and reads their sockets itself (http/serving.py, http/read_loop.py). Neither library
+connections and reads their sockets itself (http/serving.py, http/_read_loop.py). Neither library
 offers that publicly, so this module reaches past both public APIs, and no other module of the
 package does: hypercorn's non-public modules (the pieces of its Trio worker, its HTTP/1.1
 protocol and stream, ``hypercorn.utils``) and h11's private state (a connection's receive buffer

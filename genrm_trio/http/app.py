@@ -29,7 +29,7 @@ from genrm_trio._version import __version__
 from genrm_trio.config import Config, config_from_mapping, config_warnings
 from genrm_trio.core import messages
 from genrm_trio.core.outcomes import Masked, Outcome, Scored
-from genrm_trio.http.asgi import (
+from genrm_trio.http._asgi import (
     ALLOW_POST,
     JSON,
     cancel_on_disconnect,
@@ -38,27 +38,27 @@ from genrm_trio.http.asgi import (
     refusal_reply,
     send_reply,
 )
-from genrm_trio.http.gym_endpoints import register_gym_routes
-from genrm_trio.http.openapi import openapi_json
-from genrm_trio.http.openrlhf_endpoint import register_openrlhf_route
-from genrm_trio.http.prometheus import (
+from genrm_trio.http._gym_endpoints import register_gym_routes
+from genrm_trio.http._openapi import openapi_json
+from genrm_trio.http._openrlhf_endpoint import register_openrlhf_route
+from genrm_trio.http._prometheus import (
     CONTENT_TYPE,
     EngineCollector,
     metrics_registry,
     render_metrics,
 )
-from genrm_trio.http.read_gates import ReadGates
-from genrm_trio.http.receiving import BodyReceiver, Refused
-from genrm_trio.http.request_counts import RequestCounts
-from genrm_trio.http.spool import Spool, SpoolBudget
-from genrm_trio.http.verify_route import VerifyRoute
-from genrm_trio.http.whole_groups import (
+from genrm_trio.http._receiving import BodyReceiver, Refused
+from genrm_trio.http._request_counts import RequestCounts
+from genrm_trio.http._spool import Spool, SpoolBudget
+from genrm_trio.http._verify_route import VerifyRoute
+from genrm_trio.http._whole_groups import (
     GROUP_ROUTE,
     first_rejection,
     render_group_reply,
     run_members,
 )
-from genrm_trio.http.worker_metrics import WorkerMetrics, worker_settings
+from genrm_trio.http._worker_metrics import WorkerMetrics, worker_settings
+from genrm_trio.http.read_gates import ReadGates
 from genrm_trio.judge.transport import TransportFactory
 from genrm_trio.runtime.compare import CompareUnavailable, run_compare
 from genrm_trio.runtime.engine import Engine

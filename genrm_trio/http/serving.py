@@ -21,7 +21,7 @@ ran at the same rate and server CPU per /verify through either, with no listen-q
 (docs/performance.md, "The accept side as a Trio listener").
 
 Each connection it admits is served by hypercorn's protocol and read by its own read loop
-(http/read_loop.py), through a ``ReadGate`` announced to the application in the scope of every
+(http/_read_loop.py), through a ``ReadGate`` announced to the application in the scope of every
 request on the connection (http/read_gates.py). What it needs of hypercorn and h11 beyond their
 public APIs is in http/_hypercorn_seam.py; what it leaves out of hypercorn's own worker (TLS,
 HTTP/2 and QUIC, ``max_requests``, ...) is listed in docs/running.md.
@@ -43,8 +43,8 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.typing import Framework
 
 from genrm_trio.http._hypercorn_seam import running
+from genrm_trio.http._read_loop import RECEIVING_REQUESTS, RequestReader
 from genrm_trio.http.read_gates import ReadGate, ReadGates
-from genrm_trio.http.read_loop import RECEIVING_REQUESTS, RequestReader
 from genrm_trio.wire.rendering import error_body
 
 log = logging.getLogger("genrm_trio")

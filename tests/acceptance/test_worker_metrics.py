@@ -20,7 +20,7 @@ import trio
 from prometheus_client.multiprocess import mark_process_dead
 from prometheus_client.parser import text_string_to_metric_families
 
-from genrm_trio.http.prometheus import CONTENT_TYPE
+from genrm_trio.http._prometheus import CONTENT_TYPE
 from genrm_trio.testing._one_shot_http import post_json
 from genrm_trio.testing.redis_server import RedisServer
 

@@ -27,8 +27,8 @@ from genrm_trio.collect._rows import VERIFY_FAILED, Task
 from genrm_trio.collect._runner import Clients, GroupRunner, Sinks
 from genrm_trio.core import messages
 from genrm_trio.fakes.policy import FakePolicy, FakePolicyApp
+from genrm_trio.http._spool import SpoolBudget, spool_failed
 from genrm_trio.http.serving import over_limit_reply
-from genrm_trio.http.spool import SpoolBudget, spool_failed
 from genrm_trio.store.redis_store import StoreContended, StoreFailed
 from genrm_trio.testing.harness import Server, running_server
 from genrm_trio.wire.rendering import error_body

@@ -16,9 +16,9 @@ import trio
 import trio.lowlevel
 
 from genrm_trio.config import config_from_mapping
+from genrm_trio.http._receiving import SPOOL_SLOTS
 from genrm_trio.http.app import GenRMApp, create_app
 from genrm_trio.http.read_gates import ReadGates
-from genrm_trio.http.receiving import SPOOL_SLOTS
 from genrm_trio.http.serving import ConnectionGate, serve_app
 from genrm_trio.serve import hypercorn_settings
 from genrm_trio.testing import FakeJudge

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from genrm_trio.config import CONFIG_KEYS
-from genrm_trio.http.worker_metrics import WORKERS_UP
+from genrm_trio.http._worker_metrics import WORKERS_UP
 from genrm_trio.testing.harness import running_server
 
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"

@@ -26,15 +26,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from genrm_trio.core.server_metrics import ATTEMPT_BUCKETS, Histogram
-from genrm_trio.http.app import create_app
-from genrm_trio.http.prometheus import metrics_registry, render_metrics
-from genrm_trio.http.worker_metrics import (
+from genrm_trio.http._prometheus import metrics_registry, render_metrics
+from genrm_trio.http._worker_metrics import (
     GAUGE_MODES,
     WORKERS_UP,
     Mirror,
     WorkerSettings,
     worker_settings,
 )
+from genrm_trio.http.app import create_app
 from genrm_trio.testing import FakeJudge
 from genrm_trio.testing.harness import SCENARIO_DEFAULTS, member, running_server
 

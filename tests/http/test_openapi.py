@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from genrm_trio.http.openapi import openapi_document, openapi_json
+from genrm_trio.http._openapi import openapi_document, openapi_json
 
 SCHEMA_PREFIX = "#/components/schemas/"
 

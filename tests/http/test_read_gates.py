@@ -10,9 +10,9 @@ import trio
 import trio.testing
 from hypercorn.typing import ASGIReceiveEvent, HTTPScope
 
+from genrm_trio.http._receiving import SPOOL_SLOTS, BodyReceiver, Received
+from genrm_trio.http._spool import SpoolBudget
 from genrm_trio.http.read_gates import READ_GATE_EXTENSION, ReadGate, ReadGates
-from genrm_trio.http.receiving import SPOOL_SLOTS, BodyReceiver, Received
-from genrm_trio.http.spool import SpoolBudget
 
 BODY = b'{"x": 1}'
 

@@ -15,9 +15,9 @@ import msgspec
 import trio
 
 from genrm_trio.config import config_from_mapping
+from genrm_trio.http._read_loop import GATHERED_BODY_BYTES
 from genrm_trio.http.app import GenRMApp, create_app
 from genrm_trio.http.read_gates import ReadGates
-from genrm_trio.http.read_loop import GATHERED_BODY_BYTES
 from genrm_trio.http.serving import ConnectionGate, serve_app
 from genrm_trio.serve import hypercorn_settings
 from genrm_trio.testing import FakeJudge

@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from genrm_trio.http.openapi import openapi_document
+from genrm_trio.http._openapi import openapi_document
 from genrm_trio.testing import FakeJudge, pair_rule
 from genrm_trio.testing.harness import member, running_server
 

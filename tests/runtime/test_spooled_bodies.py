@@ -14,8 +14,8 @@ import pytest
 import trio
 import trio.testing
 
-from genrm_trio.http import spool as spool_module
-from genrm_trio.http.spool import SpoolBudget
+from genrm_trio.http import _spool as spool_module
+from genrm_trio.http._spool import SpoolBudget
 from genrm_trio.testing import FakeJudge
 from genrm_trio.testing.harness import Reply, Server, member, running_server
 

@@ -6,7 +6,7 @@ own) and one snapshot of each component's state (``statistics()`` of the engine,
 client, the tallies, the body budget and the spool; the store's group counts); prometheus_client
 writes the exposition. No
 series has a group-id label. Under `serve --workers N` each worker copies this collector's output
-into prometheus_client's multiprocess files instead (http/worker_metrics.py).
+into prometheus_client's multiprocess files instead (http/_worker_metrics.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from genrm_trio.core.server_metrics import ATTEMPT_BUCKETS, Histogram, ServerMetrics
-from genrm_trio.http.request_counts import RequestCounts
-from genrm_trio.http.spool import Spool, SpoolBudget
+from genrm_trio.http._request_counts import RequestCounts
+from genrm_trio.http._spool import Spool, SpoolBudget
 from genrm_trio.judge.client import JudgeStatistics
 from genrm_trio.runtime.engine import Engine
 

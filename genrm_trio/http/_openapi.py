@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from genrm_trio.http.openrlhf_endpoint import (
+from genrm_trio.http._openrlhf_endpoint import (
     ROUTE as OPENRLHF_ROUTE,
 )
 from genrm_trio.wire.group_bodies import VerifyGroupReply, VerifyGroupRequestDoc

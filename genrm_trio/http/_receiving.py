@@ -28,8 +28,8 @@ from typing import Final, cast
 import trio
 from hypercorn.typing import ASGIReceiveCallable, HTTPScope
 
+from genrm_trio.http._spool import SpoolBudget
 from genrm_trio.http.read_gates import ReadGate, ReadGates
-from genrm_trio.http.spool import SpoolBudget
 
 # Bodies beyond the budget read, validated and written to their files at once. Validation runs
 # on the event loop, one body at a time; a second slot lets the next body arrive while one is

@@ -9,7 +9,7 @@ import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge, RequestTimeout
 
-from genrm_trio.http.receiving import Refused
+from genrm_trio.http._receiving import Refused
 from genrm_trio.wire.parsing import body_too_large
 from genrm_trio.wire.rendering import error_body
 

@@ -193,7 +193,7 @@ class Mirror:
         if mode is None:
             raise ValueError(
                 f"gauge {family.name} has no multiprocess mode: choose one in GAUGE_MODES "
-                "(genrm_trio/http/worker_metrics.py) and say why in docs/operations.md"
+                "(genrm_trio/http/_worker_metrics.py) and say why in docs/operations.md"
             )
         for sample in family.samples:
             key = (family.name, self._label_values(family, sample.labels))

@@ -21,16 +21,16 @@ from genrm_trio.config import Config
 from genrm_trio.core import messages
 from genrm_trio.core.canonical import fingerprint_json
 from genrm_trio.core.outcomes import Masked, Outcome, Scored
-from genrm_trio.http.asgi import (
+from genrm_trio.http._asgi import (
     cancel_on_disconnect,
     http_error_reply,
     refusal_reply,
     send_parts,
     send_reply,
 )
-from genrm_trio.http.receiving import BodyReceiver, Refused
-from genrm_trio.http.request_counts import RequestCounts
-from genrm_trio.http.spool import Spool, SpoolError, SpoolFile, spool_failed
+from genrm_trio.http._receiving import BodyReceiver, Refused
+from genrm_trio.http._request_counts import RequestCounts
+from genrm_trio.http._spool import Spool, SpoolError, SpoolFile, spool_failed
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.wire.bodies import BadRequest, EchoValue, FileSpan, VerifyRequest
 from genrm_trio.wire.parsing import parse_verify_body

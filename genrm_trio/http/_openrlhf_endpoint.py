@@ -28,7 +28,7 @@ from genrm_trio.config import Config
 from genrm_trio.core import messages
 from genrm_trio.core.outcomes import Masked, Outcome, Rejected, Scored
 from genrm_trio.core.prompt_groups import Placement, PromptGroups
-from genrm_trio.http.whole_groups import first_rejection, run_members
+from genrm_trio.http._whole_groups import first_rejection, run_members
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.wire.bodies import BadRequest, VerifyRequest
 from genrm_trio.wire.openrlhf_bodies import (
