@@ -1,12 +1,16 @@
 """Arrivals of one group go to the store together, one transition per batch.
 
 The members of a group come within milliseconds of each other, and with a shared store each
-transition costs round trips: one each would only make them retry on each other's WATCH. So a
-request that arrives while its group's transition is under way joins the next batch, and one
-task per group applies batch after batch until none is left. That task is the engine's, never
-a request's: a transition carries other requests' arrivals, so a client that leaves must not
-cancel it. With the memory store a transition never waits, so a batch is one arrival, applied
-in the next step of the engine's task.
+transition costs round trips: one each would only make them retry on each other's WATCH. So an
+arrival whose group has no transition under way is applied at once, from its own request's
+task, and every arrival that comes meanwhile joins the group's next batch. When the request's
+own transition ends, the engine's task applies batch after batch until none is left: a batch
+carries other requests' arrivals, so a client that leaves must not cancel it.
+
+A request applying its own arrival runs shielded. The transition holds nobody else's arrival,
+but its fate must be known (committed or not) before the request may leave, or its member
+would be in the group with nobody to answer for it. A memory store's transition never waits,
+so there every arrival is applied at once, with no task and no wake-up of its own.
 """
 
 from __future__ import annotations
@@ -34,10 +38,17 @@ class Pending:
     identity: ResponseIdentity
     legacy: bool
     waiter: Waiter = field(default_factory=Waiter)
-    applied: trio.Event = field(default_factory=trio.Event)
+    applied: bool = False
+    woken: trio.Event | None = None  # set once applied, for an arrival that joined a batch
     reply: Reply | None = None
     failed: Rejected | None = None
     abandoned: bool = False  # the request left before its batch was applied
+
+    def done(self) -> None:
+        """Its transition is over (``reply`` or ``failed`` says how)."""
+        self.applied = True
+        if self.woken is not None:
+            self.woken.set()
 
 
 Apply = Callable[[str, list[Pending]], Awaitable[None]]
@@ -56,13 +67,27 @@ class Batches:
         """Arrivals queued, and groups whose transition is under way."""
         return sum(len(batch) for batch in self._queued.values()) + len(self._queued)
 
-    def add(self, ref: str, pending: Pending) -> None:
+    async def apply(self, ref: str, pending: Pending) -> None:
+        """Returns once ``pending`` went through a transition of group ``ref``.
+
+        Cancelled while it waits in a batch, it leaves ``pending.applied`` false: the batch
+        still applies it, and its caller marks it ``abandoned`` for the batch to clean up.
+        """
         queue = self._queued.get(ref)
         if queue is not None:
+            pending.woken = trio.Event()
             queue.append(pending)
+            await pending.woken.wait()
             return
-        self._queued[ref] = [pending]
-        self._spawn(self._flush, ref)
+        self._queued[ref] = []
+        try:
+            with trio.CancelScope(shield=True):
+                await self._apply(ref, [pending])
+        finally:
+            if self._queued[ref]:
+                self._spawn(self._flush, ref)
+            else:
+                del self._queued[ref]
 
     async def _flush(self, ref: str) -> None:
         batch: list[Pending] = []
@@ -82,6 +107,6 @@ class Batches:
             # Cancelled (shutdown) or a defect: whoever still waits for a transition is told so
             # at once, never left waiting.
             for pending in batch + self._queued.pop(ref, []):
-                if not pending.applied.is_set():
+                if not pending.applied:
                     pending.failed = Rejected(503, reason)
-                    pending.applied.set()
+                    pending.done()

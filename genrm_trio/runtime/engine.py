@@ -7,8 +7,8 @@ group go to the store in batches (runtime/_batches.py); a request that must wait
 ``Waiter`` under its record's id (runtime/_waiters.py) until this process learns the record
 ended, from its own transition or from the store's watcher. A group's evaluation is an object of
 its own (runtime/_evaluation.py) that holds a snapshot of what it judges. Work that outlives a
-request (a batch's transition, an evaluation) lives in the server nursery in a fresh context,
-never in the request's task.
+request (a batch of other requests' arrivals, an evaluation) lives in the server nursery in a
+fresh context, never in the request's task.
 
 What only a store shared by several processes needs (notifications, sweeps, take-over, offers,
 the deployment's judge budget) sits behind the watcher the store supplies, which the engine
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple, Protocol
@@ -214,10 +214,9 @@ class Engine:
 
     # ---- /verify -------------------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def verify(
+    def verify(
         self, request: MemberRequest, *, fingerprints: tuple[bytes, bytes] | None = None
-    ) -> AsyncIterator[Verified]:
+    ) -> AbstractAsyncContextManager[Verified]:
         """Answer one validated /verify request: a scored or masked outcome, or a rejection.
 
         Entering waits for the outcome; the block writes the reply. Leaving it, the member's
@@ -227,23 +226,7 @@ class Engine:
         computed before its bytes left memory (a body that waits in a spool file). Every
         outcome is counted here, once.
         """
-        if fingerprints is not None:
-            # Computed off the event loop, before the body went to its file (C-23).
-            self.counters.response_digests += 1
-            self.counters.canonical_fingerprints += 1
-        pending = await self._verify(request, fingerprints)
-        if isinstance(pending, Verified):
-            self.metrics.verify(pending.label)
-            yield pending
-            return
-        outcome = pending.waiter.outcome
-        assert outcome is not None
-        verified = Verified.of(outcome, replay=False)
-        self.metrics.verify(verified.label)
-        try:
-            yield verified
-        finally:
-            _identity_done(pending)
+        return _Verifying(self, request, fingerprints)
 
     async def _verify(
         self, request: MemberRequest, fingerprints: tuple[bytes, bytes] | None
@@ -260,11 +243,10 @@ class Engine:
             )
         pending = Pending(arrival, identity, legacy=arrival.group_id is None)
         del arrival, prepared
-        self._batches.add(group_ref(request.group_id, legacy_key), pending)
         try:
-            await pending.applied.wait()
+            await self._batches.apply(group_ref(request.group_id, legacy_key), pending)
         except BaseException:
-            if pending.applied.is_set():
+            if pending.applied:
                 self._abandon(pending)
             else:
                 pending.abandoned = True  # the batch it is in cleans up after it
@@ -336,7 +318,7 @@ class Engine:
         return arrival, identity
 
     async def _apply_batch(self, ref: str, batch: list[Pending]) -> None:
-        """One transition for a batch of a group's arrivals (in a task of the engine's)."""
+        """One transition for a batch of a group's arrivals."""
         arrivals = [pending.arrival for pending in batch if pending.arrival is not None]
 
         def register(decision: Decision) -> Callable[[], None]:
@@ -383,7 +365,7 @@ class Engine:
         for pending in batch:
             # A waiting request keeps only what its reply echoes (I-10).
             pending.arrival = None
-            pending.applied.set()
+            pending.done()
             if pending.abandoned:
                 self._abandon(pending)
 
@@ -548,6 +530,43 @@ class Engine:
             "judge_in_flight": self.judge.in_flight,
             "judge_attempts_total": self.judge.attempts_total,
         }
+
+
+class _Verifying:
+    """The block of ``Engine.verify``. A class rather than a generator: it runs per request."""
+
+    __slots__ = ("_engine", "_fingerprints", "_pending", "_request")
+
+    def __init__(
+        self, engine: Engine, request: MemberRequest, fingerprints: tuple[bytes, bytes] | None
+    ) -> None:
+        self._engine = engine
+        self._request: MemberRequest | None = request
+        self._fingerprints = fingerprints
+        self._pending: Pending | None = None
+
+    async def __aenter__(self) -> Verified:
+        engine, request, fingerprints = self._engine, self._request, self._fingerprints
+        assert request is not None, "entered twice"
+        self._request = None  # the request's bytes are not held by the block while it waits
+        if fingerprints is not None:
+            # Computed off the event loop, before the body went to its file (C-23).
+            engine.counters.response_digests += 1
+            engine.counters.canonical_fingerprints += 1
+        pending = await engine._verify(request, fingerprints)
+        if isinstance(pending, Verified):
+            engine.metrics.verify(pending.label)
+            return pending
+        self._pending = pending
+        outcome = pending.waiter.outcome
+        assert outcome is not None
+        verified = Verified.of(outcome, replay=False)
+        engine.metrics.verify(verified.label)
+        return verified
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._pending is not None:
+            _identity_done(self._pending)
 
 
 class _Refused(Exception):
