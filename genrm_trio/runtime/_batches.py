@@ -1,16 +1,17 @@
 """Arrivals of one group go to the store together, one transition per batch.
 
 The members of a group come within milliseconds of each other, and with a shared store each
-transition costs round trips: one each would only make them retry on each other's WATCH. So an
-arrival whose group has no transition under way is applied at once, from its own request's
-task, and every arrival that comes meanwhile joins the group's next batch. When the request's
-own transition ends, the engine's task applies batch after batch until none is left: a batch
-carries other requests' arrivals, so a client that leaves must not cancel it.
+transition costs round trips: one each would only make them retry on each other's WATCH. So the
+arrival that finds its group with no transition under way opens a batch, lets the event loop run
+one step (the group's members read in that step join it) and applies the batch from its own
+request's task; arrivals that come while that transition is under way form the next batch,
+applied by the engine's task, batch after batch until none is left.
 
-A request applying its own arrival runs shielded. The transition holds nobody else's arrival,
-but its fate must be known (committed or not) before the request may leave, or its member
-would be in the group with nobody to answer for it. A memory store's transition never waits,
-so there every arrival is applied at once, with no task and no wake-up of its own.
+The request that applies a batch runs shielded: the batch may hold other requests' arrivals, and
+every arrival's fate (committed or not) must be known before its request may leave, or its member
+would be in the group with nobody to answer for it. Applying the first batch from the request's
+own task rather than from a task of the engine's spares a task and an event per batch; where
+transitions never wait (the memory store), nearly every batch is a first one.
 """
 
 from __future__ import annotations
@@ -79,10 +80,13 @@ class Batches:
             queue.append(pending)
             await pending.woken.wait()
             return
-        self._queued[ref] = []
+        self._queued[ref] = batch = [pending]
         try:
             with trio.CancelScope(shield=True):
-                await self._apply(ref, [pending])
+                # One step of the event loop: the group's members read in it join this batch.
+                await trio.lowlevel.checkpoint()
+                self._queued[ref] = []
+                await self._apply(ref, batch)
         finally:
             if self._queued[ref]:
                 self._spawn(self._flush, ref)
