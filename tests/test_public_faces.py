@@ -29,6 +29,7 @@ PUBLIC_MODULES: dict[str, set[str]] = {
         "gym_metrics",
         "identity",
         "invariants",
+        "mask_window",
         "messages",
         "outcomes",
         "ownership",

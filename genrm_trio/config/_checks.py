@@ -235,6 +235,18 @@ def _nullable_path(value: Any) -> str | None:
     return value
 
 
+def _warning_ratio(value: Any) -> float | None:
+    # 0 is refused rather than read as "off": it would warn on every window, masked or not.
+    problem = "must be a number > 0 and <= 1, or null to turn the warning off"
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidValue(problem, value)
+    if not 0 < value <= 1:  # also refuses nan
+        raise InvalidValue(problem, value)
+    return float(value)
+
+
 class _HiddenValue:
     """Stands in for a secret in an error message so the message still says what was wrong."""
 
@@ -363,6 +375,9 @@ _CHECKS: dict[str, _Check] = {
     "log_level": _choice(LogLevel),
     "log_format": _choice(LogFormat),
     "debug_logging": _boolean,
+    "mask_window_s": _number(above=0),
+    "mask_warning_ratio": _warning_ratio,
+    "mask_warning_min_rollouts": _integer(1),
     "early_judging": _boolean,
     "group_store": _group_store,
     "group_store_key_prefix": _non_empty_text,

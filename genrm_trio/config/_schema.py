@@ -90,6 +90,11 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     log_level: LogLevel = "INFO"
     log_format: LogFormat = "text"
     debug_logging: bool = False
+    # The masked share of /verify rollouts over this many seconds (the /metrics gauge), and the
+    # share at which it is logged as a WARNING once the window holds enough rollouts (None: never).
+    mask_window_s: float = 60.0
+    mask_warning_ratio: float | None = 0.5
+    mask_warning_min_rollouts: int = 16
     early_judging: bool = False
     # Where groups live: this process's memory, or a Redis/Valkey URL shared by several
     # processes. The password may come from the URL or GENRM_GROUP_STORE_PASSWORD.

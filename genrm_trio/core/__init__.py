@@ -14,6 +14,7 @@ __all__ = [
     "gym_metrics",
     "identity",
     "invariants",
+    "mask_window",
     "messages",
     "outcomes",
     "ownership",

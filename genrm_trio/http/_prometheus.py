@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from genrm_trio.core.server_metrics import ATTEMPT_BUCKETS, Histogram, ServerMetrics
 from genrm_trio.http._request_counts import RequestCounts
 from genrm_trio.http._spool import Spool, SpoolBudget
+from genrm_trio.http._worker_metrics import MASKED_RATIO
 from genrm_trio.judge.client import JudgeStatistics
 from genrm_trio.runtime.engine import Engine
 
@@ -217,6 +218,7 @@ class EngineCollector(Collector):
             "Rollouts answered masked at their group's end (partial masking or a judge failure).",
             value=tallies.rollouts_masked,
         )
+        yield from _masking(engine)
         yield _plain_histogram(
             "genrm_group_collection_seconds",
             "From a group's first member to its last.",
@@ -312,6 +314,37 @@ def _replicas(judge: JudgeStatistics, metrics: ServerMetrics) -> Iterator[Metric
     yield up
     yield in_flight
     yield ejections
+
+
+def _masking(engine: Engine) -> Iterator[Metric]:
+    """The masked-rollout window (core/mask_window.py): the share the alert watches, and the
+    counts it comes from, which add up over processes."""
+    masking = engine.masking
+    reading = engine.mask_reading()
+    window = f"the last {masking.window_s:g} s (mask_window_s)"
+    yield _gauge(
+        MASKED_RATIO,
+        f"Share of /verify rollouts answered masked in {window}; 0 when none were answered.",
+        reading.ratio,
+    )
+    rollouts = GaugeMetricFamily(
+        "genrm_mask_window_rollouts",
+        f"/verify rollouts answered in {window}, scored or masked (replays and rejections "
+        "are not counted).",
+        labels=["outcome"],
+    )
+    rollouts.add_metric(["scored"], reading.answered - reading.masked)
+    rollouts.add_metric(["masked"], reading.masked)
+    yield rollouts
+    reasons = GaugeMetricFamily(
+        "genrm_mask_window_masked_rollouts",
+        f"/verify rollouts answered masked in {window}, by reason (the judge's error class, "
+        "or what ended the group).",
+        labels=["reason"],
+    )
+    for reason in sorted(masking.known_reasons):
+        reasons.add_metric([reason], reading.reasons.get(reason, 0))
+    yield reasons
 
 
 def metrics_registry(collector: EngineCollector) -> CollectorRegistry:

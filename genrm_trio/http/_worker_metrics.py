@@ -4,7 +4,8 @@ of N workers (prometheus_client's multiprocess mode over the directory the paren
 Each worker copies its own numbers, exactly as `EngineCollector` yields them, into
 prometheus_client metric objects whose values live in per-process files: counters and histograms
 by their increase since the last copy, gauges by their value, merged across workers by the mode in
-`GAUGE_MODES` (docs/operations.md, "Metrics with several workers", says why each). A worker
+`GAUGE_MODES` (docs/operations.md, "Metrics with several workers", says why each); the few in
+`DERIVED_GAUGES` are computed at each scrape from merged ones instead. A worker
 copies every `PUBLISH_PERIOD_S` and right before it answers a scrape, and a scrape renders the
 files of every worker, so whichever worker takes it reports the whole server: its own numbers as
 of now, the others' at most one period old.
@@ -23,12 +24,15 @@ from typing import Any, Final, Literal
 
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
 __all__ = [
+    "DERIVED_GAUGES",
     "GAUGE_MODES",
+    "MASKED_RATIO",
     "PUBLISH_PERIOD_S",
     "WORKERS_UP",
     "Mirror",
@@ -76,7 +80,18 @@ GAUGE_MODES: Final[Mapping[str, GaugeMode]] = {
     "genrm_body_receiving_bytes": "livesum",
     "genrm_body_budget_used_bytes": "livesum",
     "genrm_waiting_body_spooled_bytes": "livesum",
+    # Each worker counts the rollouts it answered itself.
+    "genrm_mask_window_rollouts": "livesum",
+    "genrm_mask_window_masked_rollouts": "livesum",
 }
+
+MASKED_RATIO: Final = "genrm_masked_rollout_ratio"
+MASK_WINDOW_ROLLOUTS: Final = "genrm_mask_window_rollouts"
+
+# Gauges no merge mode gets right, computed at each scrape from merged ones instead. The whole
+# server's masked share is its masked rollouts over its rollouts, both summed over the workers:
+# the mean, minimum or maximum of the workers' shares would weigh an idle worker like a busy one.
+DERIVED_GAUGES: Final = frozenset({MASKED_RATIO})
 
 
 @dataclass(frozen=True)
@@ -147,10 +162,14 @@ class Mirror:
         self._histogram_series: dict[_Key, _HistogramSeries] = {}
         # What the files already hold, per series: a counter's total or a gauge's value.
         self._published: dict[_Key, float] = {}
+        # The help texts of DERIVED_GAUGES, as the collector last wrote them.
+        self.derived: dict[str, str] = {}
 
     def publish(self) -> None:
         for family in self.source.collect():
-            if family.type == "counter":
+            if family.name in DERIVED_GAUGES:
+                self.derived[family.name] = family.documentation  # computed at the scrape
+            elif family.type == "counter":
                 self._publish_counter(family)
             elif family.type == "gauge":
                 self._publish_gauge(family)
@@ -252,6 +271,31 @@ class Mirror:
         return parent.labels(*label_values) if label_values else parent
 
 
+class _MaskedShare(Collector):
+    """The whole server's ``genrm_masked_rollout_ratio``, from every live worker's window
+    counts as their files hold them (read with the rest of a scrape, off the event loop)."""
+
+    def __init__(self, directory: Path, mirror: Mirror) -> None:
+        self.directory = directory
+        self.mirror = mirror
+
+    def collect(self) -> list[Metric]:
+        documentation = self.mirror.derived.get(MASKED_RATIO)
+        if documentation is None:
+            return []  # nothing published yet
+        # A livesum gauge lives in gauge_livesum_<pid>.db; a dead worker's file is removed.
+        files = glob.glob(os.path.join(self.directory, "gauge_livesum_*.db"))
+        answered = masked = 0.0
+        for metric in MultiProcessCollector.merge(files, accumulate=False):
+            if metric.name == MASK_WINDOW_ROLLOUTS:
+                for sample in metric.samples:
+                    answered += sample.value
+                    if sample.labels.get("outcome") == "masked":
+                        masked += sample.value
+        ratio = masked / answered if answered else 0.0
+        return [GaugeMetricFamily(MASKED_RATIO, documentation, value=ratio)]
+
+
 def _with_previous(
     cumulative: list[tuple[float, float]],
 ) -> list[tuple[tuple[float, float], tuple[float, float]]]:
@@ -315,6 +359,7 @@ class WorkerMetrics:
         )
         self.registry = CollectorRegistry(auto_describe=False)
         MultiProcessCollector(self.registry, str(settings.directory))
+        self.registry.register(_MaskedShare(settings.directory, self.mirror))
         self._publishing = trio.CancelScope()
         self._failing = False
 

@@ -32,7 +32,8 @@ from genrm_trio.core import messages
 from genrm_trio.core.arrivals import Arrival, MemberSource
 from genrm_trio.core.canonical import digest_hex
 from genrm_trio.core.identity import ResponseIdentity
-from genrm_trio.core.outcomes import Ended, Outcome, Rejected, Scored
+from genrm_trio.core.mask_window import MaskReading, MaskWindow
+from genrm_trio.core.outcomes import Ended, Masked, Outcome, Rejected, Scored
 from genrm_trio.core.records import group_key
 from genrm_trio.core.server_metrics import FAST_BUCKETS, Histogram, ServerMetrics, verify_label
 from genrm_trio.core.statistics import GroupCounts, Statistics
@@ -126,6 +127,9 @@ class Engine:
         self.counters = Counters()
         self.metrics.fingerprint_seconds = self.counters.fingerprint_seconds
         self.tallies = Tallies(config.cohort_result_ttl_s, config.max_terminal_cohorts)
+        self.masking = MaskWindow(
+            config.mask_window_s, config.mask_warning_ratio, config.mask_warning_min_rollouts
+        )
         self.waiters = Waiters()
         self.watcher = self.store.watcher(self)
         self.judge = JudgeClient(
@@ -269,6 +273,19 @@ class Engine:
         # Usually gone already (delivery pops it); not when shutdown answered it.
         self.waiters.remove(reply.rid, pending.waiter)
         return pending
+
+    def _answered(self, verified: Verified) -> None:
+        """Count a rollout's first answer in the masked-rollout window, and say when masking
+        comes to dominate it or stops (a replay or a rejection answers no rollout anew)."""
+        outcome = verified.outcome
+        if verified.label == "scored":
+            line = self.masking.answered(None, trio.current_time())
+        elif verified.label == "masked" and isinstance(outcome, Masked):
+            line = self.masking.answered(outcome.text, trio.current_time())
+        else:
+            return
+        if line is not None:
+            log.log(*line)
 
     def _arrival(
         self, request: MemberRequest, fingerprints: tuple[bytes, bytes] | None
@@ -523,6 +540,10 @@ class Engine:
         """The groups of the store this server uses, for its gauges."""
         return self.store.group_counts(trio.current_time())
 
+    def mask_reading(self) -> MaskReading:
+        """The masked-rollout window as of now, for /metrics."""
+        return self.masking.reading(trio.current_time())
+
     def health(self) -> Mapping[str, int]:
         """The store's groups and this process's judge."""
         return {
@@ -556,12 +577,14 @@ class _Verifying:
         pending = await engine._verify(request, fingerprints)
         if isinstance(pending, Verified):
             engine.metrics.verify(pending.label)
+            engine._answered(pending)
             return pending
         self._pending = pending
         outcome = pending.waiter.outcome
         assert outcome is not None
         verified = Verified.of(outcome, replay=False)
         engine.metrics.verify(verified.label)
+        engine._answered(verified)
         return verified
 
     async def __aexit__(self, *exc_info: object) -> None:

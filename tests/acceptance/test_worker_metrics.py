@@ -137,9 +137,9 @@ def counts(samples: Samples) -> Samples:
     return {key: v for key, v in samples.items() if key[0].endswith(suffixes)}
 
 
-async def post_group(ports: list[int], group: str) -> None:
+async def post_group(ports: list[int], group: str, *, masked: bool = False) -> None:
     """Every member at once, alternating between the workers, each on its own connection; every
-    one must come back scored."""
+    one must come back scored (or, with `masked`, masked)."""
     replies: list[tuple[int, Any]] = []
 
     async def one(slot: int) -> None:
@@ -151,7 +151,7 @@ async def post_group(ports: list[int], group: str) -> None:
             for slot in range(GROUP_SIZE):
                 nursery.start_soon(one, slot)
     for status, row in replies:
-        assert status == 200 and row["mask_sample"] is False, row
+        assert status == 200 and row["mask_sample"] is masked, row
 
 
 async def scrape_until(port: int, condition: Callable[[Samples], bool]) -> Samples:
@@ -224,3 +224,34 @@ async def test_one_worker_scrape_counts_the_whole_server_and_a_dead_worker_only_
     assert total(final, "genrm_judge_attempts_total") == 2 * GROUP_SIZE == workers.judge_calls()
     assert value(final, "genrm_workers_up") == 1
     assert health(a)["workers_up"] == 1
+
+
+async def test_the_masked_share_of_two_workers_is_the_whole_server_s(
+    cli: Any, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    directory = tmp_path / "metrics"
+    directory.mkdir()
+    workers = Workers(cli, redis_server, directory)
+    a, b = workers.start(0), workers.start(1)
+    await post_group([a, b], "healthy")
+    async with httpx.AsyncClient(trust_env=False, timeout=SAFETY_S) as client:
+        dead = [{"action": "http_status", "status": 503}]
+        (await client.put(f"{workers.judge_control}/_fake/rules", json=dead)).raise_for_status()
+    await post_group([a, b], "dead", masked=True)
+
+    # Each worker answered 8 scored and 8 masked rollouts: the server masked 16 of 32.
+    def window(samples: Samples, outcome: str) -> float:
+        return value(samples, "genrm_mask_window_rollouts", outcome=outcome)
+
+    for port in (a, b):
+        whole = await scrape_until(port, lambda s: window(s, "masked") == GROUP_SIZE)
+        assert window(whole, "scored") == GROUP_SIZE
+        assert value(whole, "genrm_masked_rollout_ratio") == 0.5
+        by_reason = value(whole, "genrm_mask_window_masked_rollouts", reason="judge HTTP 503")
+        assert by_reason == GROUP_SIZE
+    workers.stop(b)
+    # A worker that stopped takes its window out: the share is the one left, 8 of 16.
+    alone = scrape(a)
+    assert window(alone, "masked") == GROUP_SIZE / 2
+    assert value(alone, "genrm_masked_rollout_ratio") == 0.5
+    workers.stop(a)

@@ -28,9 +28,11 @@ from prometheus_client.registry import Collector
 from genrm_trio.core.server_metrics import ATTEMPT_BUCKETS, Histogram
 from genrm_trio.http._prometheus import metrics_registry, render_metrics
 from genrm_trio.http._worker_metrics import (
+    DERIVED_GAUGES,
     GAUGE_MODES,
     WORKERS_UP,
     Mirror,
+    WorkerMetrics,
     WorkerSettings,
     worker_settings,
 )
@@ -493,7 +495,53 @@ async def test_every_gauge_the_server_reports_has_a_merge_mode() -> None:
     app = create_app({**SCENARIO_DEFAULTS})
     registry = metrics_registry(app.metrics_collector)
     gauges = {family.name for family in registry.collect() if family.type == "gauge"}
-    assert gauges == set(GAUGE_MODES)
+    assert gauges == set(GAUGE_MODES) | DERIVED_GAUGES
+    assert not DERIVED_GAUGES & set(GAUGE_MODES)
+
+
+class MaskWindowNumbers(Collector):
+    """One worker's masked-rollout window, in the families EngineCollector yields for it."""
+
+    def __init__(self, scored: int, masked: int) -> None:
+        self.scored = scored
+        self.masked = masked
+
+    def collect(self) -> Iterator[Metric]:
+        answered = self.scored + self.masked
+        yield GaugeMetricFamily(
+            "genrm_masked_rollout_ratio", "share", value=self.masked / answered if answered else 0
+        )
+        rollouts = GaugeMetricFamily("genrm_mask_window_rollouts", "by outcome", labels=["outcome"])
+        rollouts.add_metric(["scored"], self.scored)
+        rollouts.add_metric(["masked"], self.masked)
+        yield rollouts
+
+
+def test_workers_masked_share_is_the_server_s_masked_rollouts_over_its_rollouts(
+    worker_files: WorkerFiles,
+) -> None:
+    settings = WorkerSettings(index=0, workers=2, directory=worker_files.directory)
+    busy = MaskWindowNumbers(scored=10, masked=90)  # this worker: 90%
+    idle = MaskWindowNumbers(scored=0, masked=0)
+    with worker_files.acting_as(OTHER_WORKER_PID):
+        other = Mirror(idle, GAUGE_MODES)
+        other.publish()
+    worker = WorkerMetrics(settings, busy)
+    worker.publish()
+
+    def scraped() -> Samples:
+        return parse(generate_latest(worker.registry).decode())
+
+    # An idle worker does not halve the share, as a mean of shares would.
+    assert value(scraped(), "genrm_masked_rollout_ratio") == 0.9
+    idle.scored, idle.masked = 300, 10
+    with worker_files.acting_as(OTHER_WORKER_PID):
+        other.publish()
+    assert value(scraped(), "genrm_masked_rollout_ratio") == 100 / 410
+    assert value(scraped(), "genrm_mask_window_rollouts", outcome="masked") == 100
+    # The other worker dies: its window leaves the share.
+    mark_process_dead(OTHER_WORKER_PID, str(worker_files.directory))
+    assert value(scraped(), "genrm_masked_rollout_ratio") == 0.9
 
 
 def environment(**variables: str) -> dict[str, str]:
