@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -320,7 +321,7 @@ def _masking(engine: Engine) -> Iterator[Metric]:
     """The masked-rollout window (core/mask_window.py): the share the alert watches, and the
     counts it comes from, which add up over processes."""
     masking = engine.masking
-    reading = engine.mask_reading()
+    reading = masking.reading(trio.current_time())
     window = f"the last {masking.window_s:g} s (mask_window_s)"
     yield _gauge(
         MASKED_RATIO,

@@ -21,7 +21,6 @@ import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple, Protocol
 
@@ -32,16 +31,17 @@ from genrm_trio.core import messages
 from genrm_trio.core.arrivals import Arrival, MemberSource
 from genrm_trio.core.canonical import digest_hex
 from genrm_trio.core.identity import ResponseIdentity
-from genrm_trio.core.mask_window import MaskReading, MaskWindow
+from genrm_trio.core.mask_window import MaskWindow
 from genrm_trio.core.outcomes import Ended, Masked, Outcome, Rejected, Scored
 from genrm_trio.core.records import group_key
-from genrm_trio.core.server_metrics import FAST_BUCKETS, Histogram, ServerMetrics, verify_label
+from genrm_trio.core.server_metrics import ServerMetrics, verify_label
 from genrm_trio.core.statistics import GroupCounts, Statistics
 from genrm_trio.core.tallies import Tallies
 from genrm_trio.core.transition import Answer, Arrive, Decision, Wait, Work
 from genrm_trio.judge.client import JudgeClient
 from genrm_trio.judge.transport import TransportFactory
 from genrm_trio.runtime._batches import Batches, Pending
+from genrm_trio.runtime._counters import Counters
 from genrm_trio.runtime._evaluation import Evaluation, Services
 from genrm_trio.runtime._waiters import Waiters
 from genrm_trio.runtime.hooks import Hooks
@@ -85,27 +85,6 @@ class Verified(NamedTuple):
     @classmethod
     def of(cls, outcome: Outcome, *, replay: bool) -> Verified:
         return cls(outcome, verify_label(outcome, replay=replay))
-
-
-@dataclass
-class Counters:
-    """How often the expensive per-request steps ran (C-23, C-31, C-32).
-
-    ``fingerprints`` counts response identities, one per valid group-mode request; the work
-    behind them is counted apart: SHA-256 digests of raw response bytes, and canonical
-    fingerprints (only for bytes that differ from a member's, or for what a finished group
-    keeps).
-    """
-
-    fingerprints: int = 0
-    extractions: int = 0
-    conversions: int = 0
-    response_digests: int = 0
-    canonical_fingerprints: int = 0
-    fingerprint_seconds: Histogram = field(default_factory=lambda: Histogram(FAST_BUCKETS))
-
-    def fingerprint_took(self, seconds: float) -> None:
-        self.fingerprint_seconds.observe(seconds)
 
 
 class Engine:
@@ -275,17 +254,16 @@ class Engine:
         return pending
 
     def _answered(self, verified: Verified) -> None:
-        """Count a rollout's first answer in the masked-rollout window, and say when masking
-        comes to dominate it or stops (a replay or a rejection answers no rollout anew)."""
-        outcome = verified.outcome
-        if verified.label == "scored":
-            line = self.masking.answered(None, trio.current_time())
-        elif verified.label == "masked" and isinstance(outcome, Masked):
-            line = self.masking.answered(outcome.text, trio.current_time())
-        else:
-            return
-        if line is not None:
-            log.log(*line)
+        """Count an answer. A rollout's first answer also goes into the masked-rollout window,
+        which says when masking comes to dominate it or stops (a replay or a rejection answers
+        no rollout anew)."""
+        self.metrics.verify(verified.label)
+        outcome, label = verified
+        if label in ("scored", "masked"):
+            text = outcome.text if isinstance(outcome, Masked) else None
+            line = self.masking.answered(text, trio.current_time())
+            if line is not None:
+                log.log(*line)
 
     def _arrival(
         self, request: MemberRequest, fingerprints: tuple[bytes, bytes] | None
@@ -540,10 +518,6 @@ class Engine:
         """The groups of the store this server uses, for its gauges."""
         return self.store.group_counts(trio.current_time())
 
-    def mask_reading(self) -> MaskReading:
-        """The masked-rollout window as of now, for /metrics."""
-        return self.masking.reading(trio.current_time())
-
     def health(self) -> Mapping[str, int]:
         """The store's groups and this process's judge."""
         return {
@@ -576,14 +550,12 @@ class _Verifying:
             engine.counters.canonical_fingerprints += 1
         pending = await engine._verify(request, fingerprints)
         if isinstance(pending, Verified):
-            engine.metrics.verify(pending.label)
             engine._answered(pending)
             return pending
         self._pending = pending
         outcome = pending.waiter.outcome
         assert outcome is not None
         verified = Verified.of(outcome, replay=False)
-        engine.metrics.verify(verified.label)
         engine._answered(verified)
         return verified
 
