@@ -93,13 +93,13 @@ def test_only_a_rollout_the_judge_or_the_server_could_not_reach_counts_as_unreac
 
 def test_a_server_that_stays_not_ready_raises_naming_it_and_its_reasons() -> None:
     with stand_in_server({"GET /readyz": [NOT_READY]}) as server:
-        client = BlockingGenRMClient(server.url, ready_wait_s=1.0)
+        client = BlockingGenRMClient(server.url, ready_wait_s=2.0)
         with pytest.raises(ServerNotReady) as raised:
             client.score_group("2+2?", ["4", "5"])
     error = raised.value
     assert error.url == server.url
     assert error.reasons == (DEAD_REPLICA,)
-    assert str(error) == f"genrm-trio server {server.url} is not ready (waited 1s): {DEAD_REPLICA}"
+    assert str(error) == f"genrm-trio server {server.url} is not ready (waited 2s): {DEAD_REPLICA}"
     # It asked more than once while it waited, and sent no group.
     assert server.requests.count("GET /readyz") >= 2
     assert "POST /verify_group" not in server.requests

@@ -87,10 +87,10 @@ def test_a_server_that_does_not_judge_groups_exits_2(tmp_path: Path, capsys: Any
 def test_a_server_that_is_not_ready_exits_2_with_its_reasons(tmp_path: Path, capsys: Any) -> None:
     answers = {"GET /healthz": [health(4)], "GET /readyz": [NOT_READY], "GET /v1/models": [MODELS]}
     with stand_in_server(answers) as server:
-        status, took = collect(tmp_path, server.url, 4, wait_ready=1)
+        status, took = collect(tmp_path, server.url, 4, wait_ready=2)
     assert status == 2
     assert capsys.readouterr().err == (
-        f"genrm-trio collect: error: genrm-trio server {server.url} is not ready (waited 1s):"
+        f"genrm-trio collect: error: genrm-trio server {server.url} is not ready (waited 2s):"
         f" {DEAD_REPLICA}; nothing sent\n"
     )
     # /readyz was asked while --wait-ready lasted, and no rollout was posted.
