@@ -35,6 +35,7 @@ PUBLIC_MODULES: dict[str, set[str]] = {
         "ownership",
         "pairs",
         "prompt_groups",
+        "reachability",
         "records",
         "retention",
         "run_metrics",

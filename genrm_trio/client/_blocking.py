@@ -10,9 +10,10 @@ from collections.abc import Awaitable, Callable, Sequence
 import trio
 
 from genrm_trio.client._bodies import Prompt, Response
+from genrm_trio.client._readiness import check_ready_wait
 from genrm_trio.client._resend import ResendPolicy
-from genrm_trio.client._results import RolloutResult, failed_group
-from genrm_trio.client._session import GenRMClient, gather
+from genrm_trio.client._results import NO_RESULTS_BY_DEADLINE, RolloutResult, failed_group
+from genrm_trio.client._session import DEFAULT_READY_WAIT_S, GenRMClient, gather
 
 Call = Callable[[GenRMClient], Awaitable[list[RolloutResult]]]
 
@@ -24,6 +25,9 @@ class BlockingGenRMClient:
     with every rollout failed (``verify_failed``, saying so), never with a number. None waits
     as long as judging takes. Do not call it from inside a running event loop; use
     ``GenRMClient`` there.
+
+    The first call waits up to ``ready_wait_s`` for the server to be ready and raises
+    `ServerNotReady` if it is not (see ``GenRMClient``); that wait is not part of ``deadline_s``.
     """
 
     def __init__(
@@ -33,14 +37,18 @@ class BlockingGenRMClient:
         policy: ResendPolicy | None = None,
         deadline_s: float | None = None,
         rng: random.Random | None = None,
+        ready_wait_s: float | None = DEFAULT_READY_WAIT_S,
     ) -> None:
         if deadline_s is not None and not (math.isfinite(deadline_s) and deadline_s > 0):
             raise ValueError(f"deadline_s {deadline_s!r}: expected a finite number > 0 or None")
+        check_ready_wait(ready_wait_s)
         self.base_url = base_url
         self.policy = policy or ResendPolicy()
         self.deadline_s = deadline_s
         self.rng = rng or random.Random()
         self.resends = 0
+        self.ready_wait_s = ready_wait_s
+        self.ready_checked = ready_wait_s is None
 
     def score_group(
         self,
@@ -79,9 +87,16 @@ class BlockingGenRMClient:
         return trio.run(self._run, calls)
 
     async def _run(self, calls: list[tuple[Call, int]]) -> list[list[RolloutResult]]:
-        deadline = math.inf if self.deadline_s is None else trio.current_time() + self.deadline_s
-        late = f"no results within the deadline of {self.deadline_s}s"
-        async with GenRMClient(self.base_url, policy=self.policy, rng=self.rng) as client:
+        late = f"{NO_RESULTS_BY_DEADLINE}{self.deadline_s}s"
+        ready_wait_s = None if self.ready_checked else self.ready_wait_s
+        async with GenRMClient(
+            self.base_url, policy=self.policy, rng=self.rng, ready_wait_s=ready_wait_s
+        ) as client:
+            await client.wait_ready()
+            self.ready_checked = True
+            deadline = (
+                math.inf if self.deadline_s is None else trio.current_time() + self.deadline_s
+            )
 
             def bounded(call: Call, size: int) -> Callable[[], Awaitable[list[RolloutResult]]]:
                 async def run() -> list[RolloutResult]:

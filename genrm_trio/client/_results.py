@@ -7,11 +7,17 @@ from typing import Final
 
 import msgspec
 
+from genrm_trio.core.reachability import judge_unreachable
+
 # failure_kind of a rollout the server masked: its judge could not compare it.
 JUDGE_FAILED: Final = "judge_failed"
 # failure_kind of every rollout of a group that got no rows: the server answered an error, or
 # no answer came after the last resend.
 VERIFY_FAILED: Final = "verify_failed"
+# The start of a `verify_failed` reason when the server gave no answer at all: nothing came back
+# after the last resend, or nothing before the blocking client's deadline.
+NO_ANSWER: Final = "no answer after "
+NO_RESULTS_BY_DEADLINE: Final = "no results within the deadline of "
 
 
 class RolloutResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,3 +73,15 @@ def results_from_rows(rows: list[GroupReplyRow], size: int) -> list[RolloutResul
         else:
             results.append(RolloutResult(reward=row.reward, mask_sample=False))
     return results
+
+
+def unreachable(result: RolloutResult) -> bool:
+    """True when the rollout is masked because the judge or the server could not be reached,
+    not because the judge answered without a verdict: a transport failure, no reply in time, or
+    no answer from the server (core.reachability says which judge failures count)."""
+    if not result.mask_sample:
+        return False
+    reason = result.failure_reason or ""
+    if result.failure_kind == VERIFY_FAILED:
+        return reason.startswith((NO_ANSWER, NO_RESULTS_BY_DEADLINE))
+    return judge_unreachable(reason)

@@ -1,13 +1,16 @@
 """The async client, for Trio and asyncio alike: one `/verify_group` request per group, sent
 again on the conditions of `resend`, each group's results in slot order.
 
-It never sets a time limit of its own: a group waits as long as its judging takes. Bound a call
-with the caller's own cancel scope (`trio.fail_after`, `asyncio.timeout`).
+Before its first group it asks the server's `/readyz` until the server is ready or
+``ready_wait_s`` has passed, and raises `ServerNotReady` then. Past that it never sets a time
+limit of its own: a group waits as long as its judging takes. Bound a call with the caller's own
+cancel scope (`trio.fail_after`, `asyncio.timeout`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -17,6 +20,16 @@ import httpx
 import trio
 
 from genrm_trio.client._bodies import Prompt, Response, group_body
+from genrm_trio.client._readiness import (
+    READY_ROUTE,
+    NoReadiness,
+    Readiness,
+    Ready,
+    ServerNotReady,
+    check_ready_wait,
+    readiness,
+    unreachable,
+)
 from genrm_trio.client._resend import (
     Decision,
     Failed,
@@ -26,9 +39,14 @@ from genrm_trio.client._resend import (
     connection_lost,
     decide,
 )
-from genrm_trio.client._results import RolloutResult, failed_group
+from genrm_trio.client._results import NO_ANSWER, RolloutResult, failed_group
 
 GROUP_ROUTE = "/verify_group"
+# How often `/readyz` is asked while the client waits for the server to be ready.
+READY_POLL_S = 0.5
+DEFAULT_READY_WAIT_S = 30.0
+
+log = logging.getLogger("genrm_trio.client")
 
 
 class GroupRefused(Exception):
@@ -55,6 +73,13 @@ async def _sleep(seconds: float) -> None:
         await asyncio.sleep(seconds)
     else:
         await trio.sleep(seconds)
+
+
+def _now() -> float:
+    """The running event loop's clock (Trio's, or asyncio's)."""
+    if _asyncio_running():
+        return asyncio.get_running_loop().time()
+    return trio.current_time()
 
 
 async def gather(calls: Sequence[Callable[[], Awaitable[Any]]]) -> list[Any]:
@@ -90,6 +115,12 @@ class GenRMClient:
     ``httpx.AsyncClient`` (its base URL is then ignored and its life is yours); otherwise the
     client makes one without timeouts and without a connection cap, since each group holds one
     connection while it is judged. Use it as an async context manager, or call ``aclose``.
+
+    At first use the client waits up to ``ready_wait_s`` seconds for the server's `/readyz` to
+    answer 200, asking every half second, and raises `ServerNotReady` naming the server and what
+    is wrong (its reasons, such as an unreachable judge replica, or the connection error) if it
+    never does. ``ready_wait_s=0`` asks once; None skips the check. A server without `/readyz`
+    (older than the client) is used as it is, with a WARNING.
     """
 
     def __init__(
@@ -99,8 +130,13 @@ class GenRMClient:
         policy: ResendPolicy | None = None,
         http: httpx.AsyncClient | None = None,
         rng: random.Random | None = None,
+        ready_wait_s: float | None = DEFAULT_READY_WAIT_S,
     ) -> None:
-        self.url = base_url.rstrip("/") + GROUP_ROUTE
+        check_ready_wait(ready_wait_s)
+        self.base_url = base_url.rstrip("/")
+        self.url = self.base_url + GROUP_ROUTE
+        self.ready_wait_s = ready_wait_s
+        self.ready_checked = ready_wait_s is None
         self.policy = policy or ResendPolicy()
         self._owns_http = http is None
         self._http = http or httpx.AsyncClient(
@@ -120,6 +156,35 @@ class GenRMClient:
         if self._owns_http:
             await self._http.aclose()
 
+    async def wait_ready(self) -> None:
+        """Wait until the server's `/readyz` answers 200, at most ``ready_wait_s`` seconds; raise
+        `ServerNotReady` with the last reasons otherwise. Called at first use; once it passed it
+        returns at once."""
+        if self.ready_checked:
+            return
+        wait_s = self.ready_wait_s or 0.0
+        deadline = _now() + wait_s
+        while True:
+            state = await self._ask_ready(max(deadline - _now(), READY_POLL_S))
+            if isinstance(state, Ready):
+                break
+            if isinstance(state, NoReadiness):
+                log.warning("genrm-trio server %s: %s; not checked", self.base_url, state.problem)
+                break
+            if _now() + READY_POLL_S > deadline:
+                raise ServerNotReady(self.base_url, wait_s, state.reasons)
+            await _sleep(READY_POLL_S)
+        self.ready_checked = True
+
+    async def _ask_ready(self, timeout_s: float) -> Readiness:
+        try:
+            reply = await self._http.get(
+                self.base_url + READY_ROUTE, timeout=httpx.Timeout(timeout_s)
+            )
+        except httpx.TransportError as error:
+            return unreachable(error)
+        return readiness(reply.status_code, reply.content)
+
     async def score_group(
         self,
         prompt: Prompt,
@@ -133,8 +198,10 @@ class GenRMClient:
 
         ``group_id`` defaults to a fresh id, and ``attempt`` to 0; to score a group id again
         with new responses, pass a higher ``attempt``. Raises ``GroupRefused`` for a request
-        the server refuses as malformed.
+        the server refuses as malformed, and ``ServerNotReady`` at first use if the server is not
+        ready (see the class).
         """
+        await self.wait_ready()
         size = len(responses)
         body = group_body(prompt, responses, group_id or new_group_id(), attempt, principle)
         resends = 0
@@ -147,7 +214,7 @@ class GenRMClient:
             if isinstance(decision, Refused):
                 raise GroupRefused(decision.status, decision.detail)
             if resends == self.policy.max_resends:
-                reason = f"no answer after {resends} resends; last: {decision.reason}"
+                reason = f"{NO_ANSWER}{resends} resends; last: {decision.reason}"
                 return failed_group(size, reason)
             resends += 1
             self.resends += 1
@@ -157,6 +224,7 @@ class GenRMClient:
         self, groups: Sequence[tuple[Prompt, Sequence[Response]]]
     ) -> list[list[RolloutResult]]:
         """Several groups at once, each under a fresh id; results in the order given."""
+        await self.wait_ready()
         calls = [
             (lambda prompt=prompt, responses=responses: self.score_group(prompt, responses))
             for prompt, responses in groups

@@ -3,7 +3,8 @@ metrics file (X-5).
 
 Prints one summary line on stdout, also when SIGINT or SIGTERM stops the run. Exit 0 when every
 task's group is complete, 1 when a task line was bad or a group is still incomplete (rerun with
---resume), 2 for a usage error, 128 + the signal's number after SIGINT (130) or SIGTERM (143).
+--resume), 2 for a usage error or a server that cannot take the run (a group size other than
+--repeats, or not ready to judge), 128 + the signal's number after SIGINT (130) or SIGTERM (143).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,9 @@ import httpx
 import msgspec
 import trio
 
+from genrm_trio.client import GenRMClient, ServerNotReady
 from genrm_trio.collect._policy import API_KEY_ENV, PolicyClient
+from genrm_trio.collect._preflight import GROUP_SIZE_FIELD, group_size_refusal
 from genrm_trio.collect._progress import Progress
 from genrm_trio.collect._resend import Backoff
 from genrm_trio.collect._resume import GroupPlan, final_rows, plan_resume
@@ -170,40 +173,93 @@ class NotReady(Exception):
     """The server or the policy did not answer in time; the message says which."""
 
 
+class Refused(Exception):
+    """The server cannot take this run as asked (exit 2): a group size that is not --repeats, or
+    a server that is not ready to judge; the message says why."""
+
+
+async def _wait_for(
+    client: httpx.AsyncClient, name: str, url: str, ready: Callable[[int], bool], wait_s: float
+) -> httpx.Response:
+    """The first answer from ``url`` that ``ready`` accepts, asked every quarter second for at
+    most ``wait_s`` seconds."""
+    last = "no answer"
+    with trio.move_on_after(max(0.0, wait_s)):
+        while True:
+            try:
+                with trio.move_on_after(5):
+                    reply = await client.get(url)
+                    if ready(reply.status_code):
+                        return reply
+                    last = f"status {reply.status_code}"
+            except httpx.HTTPError as error:
+                last = type(error).__name__
+            await trio.sleep(0.25)
+    raise NotReady(f"the {name} at {url} was not ready in {wait_s}s: {last}")
+
+
+def _json(reply: httpx.Response) -> object:
+    try:
+        return reply.json()
+    except ValueError:
+        return None
+
+
 async def _wait_ready(args: argparse.Namespace) -> None:
     """Wait until the server's /healthz answers 200 and the policy answers at all (services
-    started together come up in any order)."""
-    checks = [
-        ("server", f"{args.server_url.rstrip('/')}/healthz", lambda status: status == 200),
-        ("policy", f"{args.policy_url.rstrip('/')}/models", lambda status: status < 500),
-    ]
+    started together come up in any order), then check the server before anything is sent: its
+    group size must be --repeats, and its /readyz must say ready within --wait-ready."""
+    server = args.server_url.rstrip("/")
     async with httpx.AsyncClient(trust_env=False) as client:
-        for name, url, ready in checks:
-            last = "no answer"
-            with trio.move_on_after(max(0.0, args.wait_ready)) as scope:
-                while True:
-                    try:
-                        with trio.move_on_after(5):
-                            reply = await client.get(url)
-                            if ready(reply.status_code):
-                                break
-                            last = f"status {reply.status_code}"
-                    except httpx.HTTPError as error:
-                        last = type(error).__name__
-                    await trio.sleep(0.25)
-            if scope.cancelled_caught:
-                raise NotReady(f"the {name} at {url} was not ready in {args.wait_ready}s: {last}")
+        health = await _wait_for(
+            client, "server", f"{server}/healthz", lambda status: status == 200, args.wait_ready
+        )
+        body = _json(health)
+        refusal = group_size_refusal(body, args.repeats, server)
+        if refusal is not None:
+            raise Refused(refusal)
+        if not isinstance(body, dict) or GROUP_SIZE_FIELD not in body:
+            print(
+                f"genrm-trio collect: the server at {server} does not report its group size;"
+                f" --repeats {args.repeats} is not checked",
+                file=sys.stderr,
+            )
+        await _wait_for(
+            client,
+            "policy",
+            f"{args.policy_url.rstrip('/')}/models",
+            lambda status: status < 500,
+            args.wait_ready,
+        )
+        genrm = GenRMClient(server, http=client, ready_wait_s=max(0.0, args.wait_ready))
+        try:
+            await genrm.wait_ready()
+        except ServerNotReady as error:
+            raise Refused(str(error)) from None
 
 
-async def _ready(args: argparse.Namespace) -> tuple[str | None, int | None]:
-    """Wait for the services: (why they were not ready, the signal that stopped the wait)."""
-    problem = None
+@dataclass(slots=True)
+class Startup:
+    """How the wait for the services ended: why they were not ready (exit 1), why the server
+    cannot take the run (exit 2), or the signal that stopped the wait."""
+
+    not_ready: str | None = None
+    refused: str | None = None
+    signal: int | None = None
+
+
+async def _ready(args: argparse.Namespace) -> Startup:
+    """Wait for the services and check the server."""
+    startup = Startup()
     async with _stoppable() as interruption:
         try:
             await _wait_ready(args)
         except NotReady as error:
-            problem = str(error)
-    return problem, interruption.signal
+            startup.not_ready = str(error)
+        except Refused as error:
+            startup.refused = str(error)
+    startup.signal = interruption.signal
+    return startup
 
 
 async def _judge_attempts(client: httpx.AsyncClient) -> float | None:
@@ -334,13 +390,16 @@ def run(args: argparse.Namespace) -> int:
     except (UsageError, ValueError, OSError) as error:
         print(f"genrm-trio collect: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    not_ready, stopped = trio.run(_ready, args)
-    if stopped is not None:
-        name = signal.Signals(stopped).name
+    startup = trio.run(_ready, args)
+    if startup.signal is not None:
+        name = signal.Signals(startup.signal).name
         print(f"genrm-trio collect: {name} before the run began; nothing sent", file=sys.stderr)
-        return 128 + stopped
-    if not_ready is not None:
-        print(f"genrm-trio collect: error: {not_ready}", file=sys.stderr)
+        return 128 + startup.signal
+    if startup.refused is not None:
+        print(f"genrm-trio collect: error: {startup.refused}; nothing sent", file=sys.stderr)
+        return EXIT_USAGE
+    if startup.not_ready is not None:
+        print(f"genrm-trio collect: error: {startup.not_ready}", file=sys.stderr)
         return EXIT_INCOMPLETE
     if prepared.header:
         attempts_path(args.output).write_bytes(prepared.header)

@@ -367,6 +367,7 @@ _CHECKS: dict[str, _Check] = {
     "default_score": _number(),
     "default_ranking": _number(),
     "masked_reward_placeholder": _choice(MaskedRewardPlaceholder),
+    "openrlhf_fail_on_transport_mask": _boolean,
     "max_body_bytes": _integer(1024),
     "waiting_body_memory_bytes": _nullable_integer(0),
     "spool_dir": _nullable_path,

@@ -80,6 +80,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     # What a masked row's `reward` holds (W-33): 0.0, or the mean of its group's scored rewards
     # so that a trainer counting the row in its group mean is not moved by it.
     masked_reward_placeholder: MaskedRewardPlaceholder = "zero"
+    # `/openrlhf/get_reward` answers 503 instead of placeholders when every sample of a request
+    # was masked because the judge could not be reached: OpenRLHF then stops the step.
+    openrlhf_fail_on_transport_mask: bool = True
     max_body_bytes: int = 67108864
     # Bodies of requests in flight kept in memory; beyond it they wait in files in spool_dir
     # (None: no budget, every body stays in memory).

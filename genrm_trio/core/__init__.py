@@ -20,6 +20,7 @@ __all__ = [
     "ownership",
     "pairs",
     "prompt_groups",
+    "reachability",
     "records",
     "retention",
     "run_metrics",

@@ -189,7 +189,9 @@ def _build(version: str) -> dict[str, Any]:
                 "422": invalid,
                 "503": failure(
                     "A group a sample joined failed (for example it did not collect all its "
-                    "samples in time), or the server is shutting down."
+                    "samples in time), every sample was masked because its group could not "
+                    "reach the judge (openrlhf_fail_on_transport_mask), or the server is "
+                    "shutting down."
                 ),
             },
         }

@@ -9,8 +9,11 @@ answered as its own `/verify` post would be. A request waits until every group i
 joined has been judged.
 
 A masked sample's reward is the configured placeholder (`masked_reward_placeholder`), since
-OpenRLHF takes only numbers; `extra_logs.genrm_masked` says which samples were masked. The
-shapes and the checks of a request are in ``wire.openrlhf_bodies``.
+OpenRLHF takes only numbers; `extra_logs.genrm_masked` says which samples were masked. When every
+sample of a request was masked because its whole group could not reach the judge, the request
+is answered 503 instead (`openrlhf_fail_on_transport_mask`, on by default): OpenRLHF retries it,
+then goes on without a reward for the sample and its step fails, rather than training on
+placeholders. The shapes and the checks of a request are in ``wire.openrlhf_bodies``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from genrm_trio.config import Config
 from genrm_trio.core import messages
 from genrm_trio.core.outcomes import Masked, Outcome, Rejected, Scored
 from genrm_trio.core.prompt_groups import Placement, PromptGroups
+from genrm_trio.core.reachability import group_unreachable, unreachable_refusal
 from genrm_trio.http._whole_groups import first_rejection, run_members
 from genrm_trio.runtime.engine import Engine
 from genrm_trio.wire.bodies import BadRequest, VerifyRequest
@@ -51,6 +55,15 @@ def render_reply(outcomes: list[Scored | Masked]) -> bytes:
         rewards=rewards, scores=rewards, extra_logs=OpenRLHFExtraLogs(genrm_masked=masked)
     )
     return _ENCODER.encode(reply)
+
+
+def unreachable_detail(outcomes: list[Scored | Masked]) -> str | None:
+    """The 503 detail when every sample was masked because its group could not reach the judge,
+    else None. A sample masked on its own, beside scored ones, is answered as usual."""
+    masked = [o for o in outcomes if isinstance(o, Masked) and group_unreachable(o.text)]
+    if not outcomes or len(masked) != len(outcomes):
+        return None
+    return unreachable_refusal(len(masked), masked[0].text)
 
 
 def register_openrlhf_route(
@@ -102,4 +115,8 @@ def register_openrlhf_route(
         rejected = first_rejection(outcomes)
         if rejected is not None:
             return reply(rejected.status, error_body(rejected.detail))
-        return reply(200, render_reply([o for o in outcomes if isinstance(o, Scored | Masked)]))
+        answered = [o for o in outcomes if isinstance(o, Scored | Masked)]
+        refusal = unreachable_detail(answered) if config.openrlhf_fail_on_transport_mask else None
+        if refusal is not None:
+            return reply(503, error_body(refusal))
+        return reply(200, render_reply(answered))

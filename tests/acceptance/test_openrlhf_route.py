@@ -11,6 +11,7 @@ The query is the prompt followed by the response, decoded.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import httpx
@@ -155,3 +156,65 @@ def test_a_batch_without_a_whole_group_fails_at_the_collection_deadline(cli: Any
     # The failed group is closed: the prompt's next samples form a new group.
     whole = trio.run(post_all, url, [sample(prompt, text) for text in texts])
     assert [r.json()["rewards"] for r in whole] == [[1], [2], [3], [4]]
+
+
+# A dead judge: nothing listens on the discard port.
+DEAD_JUDGE = "http://127.0.0.1:9/v1"
+
+
+def start_dead_judge_stack(cli: Any, *settings: str) -> str:
+    base = [
+        f"judge_base_url={DEAD_JUDGE}",
+        "judge_model=fake-judge",
+        f"num_rollouts_per_prompt={N}",
+        "genrm_parse_retries=0",
+        "log_level=ERROR",
+        *settings,
+    ]
+    _, url, _ = cli.start_serve(*[arg for s in base for arg in ("--set", s)])
+    return url
+
+
+def test_samples_whose_group_cannot_reach_the_judge_are_answered_503(cli: Any) -> None:
+    url = start_dead_judge_stack(cli, "masked_reward_placeholder=group_mean")
+    texts = judge_texts("D", [1, 2, 3, 4])
+    replies = trio.run(post_all, url, [sample("Dead: ", text) for text in texts])
+    # OpenRLHF's raise_for_status turns each 503 into a retry, and after its tries the sample
+    # has no reward and the step fails: no placeholder is trained on.
+    assert [r.status_code for r in replies] == [503] * N
+    for reply in replies:
+        detail = reply.json()["detail"]
+        assert detail.startswith(
+            "GenRM judge unreachable: all 1 sample(s) of this request were masked because the"
+            " judge could not be reached; first failure: GenRM cohort "
+        )
+        assert f"GenRM judge {DEAD_JUDGE}/chat/completions pair=" in detail
+        assert "ConnectError: cannot connect to 127.0.0.1:9" in detail
+
+
+def test_with_fail_on_transport_mask_off_the_placeholders_are_answered(cli: Any) -> None:
+    url = start_dead_judge_stack(cli, "openrlhf_fail_on_transport_mask=false")
+    texts = judge_texts("D", [1, 2, 3, 4])
+    replies = trio.run(post_all, url, [sample("Dead: ", text) for text in texts])
+    assert [r.status_code for r in replies] == [200] * N
+    assert [r.json() for r in replies] == [
+        {"rewards": [0.0], "scores": [0.0], "extra_logs": {"genrm_masked": [1.0]}}
+    ] * N
+
+
+def test_samples_masked_on_their_own_by_a_broken_connection_keep_their_placeholder(
+    cli: Any,
+) -> None:
+    # The judge closes the connection of one comparison: its two samples are masked, the
+    # group's other samples are scored, and nothing is answered 503.
+    rule = pair_rule(0, 1, "close")
+    rule["match"] = {"response_1": "answer-0 C ", "response_2": "answer-1 C "}
+    url = start_stack(cli, rules=[rule])
+    texts = judge_texts("C", [1, 2, 3, 4])
+    replies = trio.run(post_all, url, [sample("Closed: ", text) for text in texts])
+    assert [r.status_code for r in replies] == [200] * N
+    assert [r.json()["extra_logs"]["genrm_masked"] for r in replies] == [[1.0], [1.0], [0.0], [0.0]]
+    with cli.http_client(url) as http:
+        metrics = http.get("/metrics").text
+    # The masks came from a transport failure (the closed connection), judged once.
+    assert re.search(r'genrm_judge_attempts_total\{[^}]*outcome="transport"[^}]*\} 1\.0', metrics)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import threading
 from typing import Any
 
+import pytest
 import trio
 
 from genrm_trio.client import (
@@ -24,6 +26,7 @@ from genrm_trio.client import (
     GenRMClient,
     GroupRefused,
     ResendPolicy,
+    RewardsUnavailable,
     RolloutResult,
 )
 from genrm_trio.client.trl import GenRMRewardFunction
@@ -248,3 +251,55 @@ def test_a_batch_without_whole_groups_is_refused_before_anything_is_sent(cli: An
         else:
             raise AssertionError(f"{prompts} was accepted")
     assert judge_calls(cli, judge_url) == 0
+
+
+# A dead judge: nothing listens on the discard port.
+DEAD_JUDGE = "http://127.0.0.1:9/v1"
+
+
+def test_the_trl_reward_function_raises_when_the_judge_cannot_be_reached(cli: Any) -> None:
+    _, url = start_server(cli, DEAD_JUDGE)
+    # No readiness check: the judge could as well have died after the run began.
+    reward = GenRMRewardFunction(url, num_generations=N, ready_wait_s=None, deadline_s=60)
+    prompts = ["Explain tides."] * N + ["Explain rain."] * N
+    completions = answers(0, [2, 5, 3, 4]) + answers(1, [1, 1, 4, 2])
+    with pytest.raises(RewardsUnavailable) as raised:
+        reward(prompts=prompts, completions=completions, completion_ids=None)
+    error = raised.value
+    assert error.url == url and error.masked == 2 * N
+    assert str(error).startswith(
+        f"genrm-trio server {url}: all {2 * N} rollouts of the batch were masked because the"
+        " judge or the server could not be reached; first reason: GenRM cohort "
+    )
+    assert "every rollout was masked" in error.first_reason
+    assert f"GenRM judge {DEAD_JUDGE}/chat/completions pair=" in error.first_reason
+    assert "ConnectError: cannot connect to 127.0.0.1:9" in error.first_reason
+    # What the batch came back as is still there to look at.
+    assert [r.reward for r in reward.last_results] == [None] * 2 * N
+
+
+def test_with_warn_the_trl_reward_function_logs_and_returns_nones(
+    cli: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, url = start_server(cli, DEAD_JUDGE)
+    reward = GenRMRewardFunction(url, num_generations=N, ready_wait_s=None, on_unreachable="warn")
+    with caplog.at_level(logging.WARNING, logger="genrm_trio.client"):
+        rewards = reward(prompts=["p"] * N, completions=answers(0, [1, 2, 3, 4]))
+    assert rewards == [None] * N
+    [record] = [r for r in caplog.records if r.name == "genrm_trio.client"]
+    assert record.levelno == logging.WARNING
+    assert record.getMessage().startswith(
+        f"genrm: genrm-trio server {url}: all {N} rollouts of the batch were masked because the"
+        " judge or the server could not be reached"
+    )
+    assert record.getMessage().endswith("; returning None for every completion")
+
+
+def test_a_batch_the_judge_answered_without_verdicts_is_returned_not_raised(cli: Any) -> None:
+    # Every comparison fails, but with the judge's own 400: an answer, not an unreachable judge.
+    rules = [pair_rule(i, j, "http_status", status=400) for i in range(N) for j in range(N)]
+    _, url, _ = start_stack(cli, *rules)
+    reward = GenRMRewardFunction(url, num_generations=N, ready_wait_s=None)
+    rewards = reward(prompts=["p"] * N, completions=answers(0, [1, 2, 3, 4]))
+    assert rewards == [None] * N
+    assert all("HTTP 400" in (r.failure_reason or "") for r in reward.last_results)
