@@ -134,10 +134,14 @@ async def wait_for_judge(
         while True:
             started = trio.current_time()
             await probe.probe_round(deadline)
-            if probe.readiness.answering() or trio.current_time() >= deadline:
+            if probe.readiness.answering():
                 return probe.readiness
             retry = min(WAIT_RETRY_S, config.judge_probe_interval_s)
             await trio.sleep_until(min(started + retry, deadline))
+            # No round starts at the deadline: it would only replace each replica's error with
+            # a timeout of no time at all.
+            if trio.current_time() >= deadline:
+                return probe.readiness
     finally:
         with trio.CancelScope(shield=True):
             await probe.aclose()
