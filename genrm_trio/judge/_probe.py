@@ -127,13 +127,16 @@ async def wait_for_judge(
     config: Config, seconds: float, transport: TransportFactory
 ) -> JudgeReadiness:
     """Probe every replica until one answers or ``seconds`` have passed (`serve
-    --wait-for-judge`); the readiness found, whose ``answering()`` says which."""
+    --wait-for-judge`); the readiness found, whose ``answering()`` says which. Every replica
+    gets one whole probe (up to ``judge_probe_timeout_s``), however short ``seconds``."""
     probe = JudgeProbe(config, transport)
-    deadline = trio.current_time() + seconds
+    now = trio.current_time()
+    deadline = now + seconds
+    first = max(deadline, now + config.judge_probe_timeout_s)
     try:
         while True:
             started = trio.current_time()
-            await probe.probe_round(deadline)
+            await probe.probe_round(first if probe.readiness.rounds == 0 else deadline)
             if probe.readiness.answering():
                 return probe.readiness
             retry = min(WAIT_RETRY_S, config.judge_probe_interval_s)
