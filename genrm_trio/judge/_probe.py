@@ -24,7 +24,6 @@ from genrm_trio.judge._requests import judge_headers, replica_base_urls, resolve
 from genrm_trio.judge.transport import (
     JudgeEndpoint,
     JudgeTransport,
-    JudgeTransportError,
     TransportFactory,
 )
 
@@ -115,7 +114,9 @@ class JudgeProbe:
                 # The body is not read: the connection closes, and a probe every few seconds
                 # would outlive keep-alive anyway.
                 await reply.release()
-            except JudgeTransportError as exc:
+            except Exception as exc:
+                # A transport failure (JudgeTransportError), or anything else: a probe that
+                # fails for any reason reports it, and never stops the server that runs it.
                 return f"{type(exc).__name__}: {exc}"
             if 200 <= reply.status <= 299:
                 return None
