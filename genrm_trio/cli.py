@@ -7,6 +7,7 @@ Logs go to stderr; stdout carries only the documented lines. Exit 0 success, 1 r
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -47,6 +48,13 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="worker processes sharing the listening socket and the groups (key `workers`)",
     )
+    serve.add_argument(
+        "--wait-for-judge",
+        type=_seconds,
+        metavar="SECONDS",
+        help="listen only once a judge replica answers its probe (judge_probe_path); exit 1 "
+        "naming each replica's error if none has within SECONDS",
+    )
 
     judge = commands.add_parser("fake-judge", help="serve the built-in fake judge")
     judge_command.add_arguments(judge)
@@ -64,6 +72,16 @@ def _parser() -> argparse.ArgumentParser:
     policy = commands.add_parser("fake-policy", help="serve the built-in fake policy")
     policy_command.add_arguments(policy)
     return parser
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0 (got {value})")
+    return seconds
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -101,11 +119,18 @@ def _serve_command(args: argparse.Namespace) -> int:
         for line in exc.lines:
             print(line, file=sys.stderr)
         return 2
+    wait = args.wait_for_judge
+    if wait is not None and config.judge_probe_path is None:
+        print(
+            "genrm-trio: --wait-for-judge needs judge_probe_path, which is null (probing off)",
+            file=sys.stderr,
+        )
+        return 2
     if config.workers > 1:
         from genrm_trio.workers import run_workers
 
-        return run_workers(config, notes)
-    return run_serve(config, notes)
+        return run_workers(config, notes, wait_for_judge_s=wait)
+    return run_serve(config, notes, wait_for_judge_s=wait)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """`genrm-trio serve` in one process, and in each worker process of `serve --workers`: the
-startup lines, hypercorn's settings, and serving until a signal (or the parent's end) with a
-graceful shutdown."""
+startup lines, `--wait-for-judge`, hypercorn's settings, and serving until a signal (or the
+parent's end) with a graceful shutdown."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -36,15 +37,19 @@ def run_serve(
     *,
     listen_fd: int | None = None,
     parent_pid: int | None = None,
+    wait_for_judge_s: float | None = None,
 ) -> int:
     """Log the startup lines (``notes`` first) and serve until a signal; the exit status.
     ``listen_fd`` and ``parent_pid``: a worker of `serve --workers` serves the listening socket
-    its parent made and stops when that parent is gone."""
+    its parent made and stops when that parent is gone. ``wait_for_judge_s``: bind only once a
+    judge replica answers a probe, or exit 1 when none has within that many seconds."""
     configure_logging(config.log_level, config.log_format)
     for note in notes:
         log.info(note)
     for line in startup_lines(config):
         log.info(line)
+    if wait_for_judge_s is not None and not hold_for_judge(config, wait_for_judge_s):
+        return 1
     failure: BaseException | None = None
     try:
         trio.run(serve, config, listen_fd, parent_pid)
@@ -59,6 +64,43 @@ def run_serve(
         )
         return 1
     return 0
+
+
+def hold_for_judge(config: Config, seconds: float) -> bool:
+    """`serve --wait-for-judge`: probe the judge replicas until one answers; False, with each
+    replica's URL and last error on stderr, when none has within ``seconds``."""
+    from genrm_trio.judge import Http11Transport, readiness_verdict, wait_for_judge
+
+    log.info(
+        "waiting up to %s s for a judge replica to answer GET <base>%s",
+        f"{seconds:g}",
+        config.judge_probe_path,
+    )
+    started = time.monotonic()
+    try:
+        readiness = trio.run(wait_for_judge, config, seconds, Http11Transport)
+    except KeyboardInterrupt:
+        print("genrm-trio: interrupted while waiting for the judge", file=sys.stderr)
+        return False
+    if readiness.answering():
+        answering = [replica.url for replica in readiness.replicas if replica.reachable]
+        log.info(
+            "judge replica %s answered after %.1f s",
+            ", ".join(answering),
+            time.monotonic() - started,
+        )
+        return True
+    verdict = readiness_verdict(
+        readiness.replicas, probing=True, store=("memory", True), shutting_down=False
+    )
+    print(
+        f"genrm-trio: no judge replica answered GET <base>{config.judge_probe_path} within "
+        f"{seconds:g} s (--wait-for-judge); not serving",
+        file=sys.stderr,
+    )
+    for reason in verdict.reasons:
+        print(f"genrm-trio: {reason}", file=sys.stderr)
+    return False
 
 
 def hypercorn_settings(config: Config, *, backlog: int | None = None) -> HypercornConfig:

@@ -36,7 +36,7 @@ import trio
 
 from genrm_trio.config import Config, config_from_mapping
 from genrm_trio.logs import configure_logging, set_worker
-from genrm_trio.serve import run_serve
+from genrm_trio.serve import hold_for_judge, run_serve
 from genrm_trio.store.embedded import EmbeddedStore, NoServerBinary
 
 log = logging.getLogger("genrm_trio")
@@ -87,8 +87,12 @@ def bind_listener(config: Config, backlog: int) -> socket.socket:
     return listener
 
 
-def run_workers(config: Config, notes: Sequence[str] = ()) -> int:
-    """Serve with `config.workers` worker processes until a signal; the exit status."""
+def run_workers(
+    config: Config, notes: Sequence[str] = (), *, wait_for_judge_s: float | None = None
+) -> int:
+    """Serve with `config.workers` worker processes until a signal; the exit status.
+    ``wait_for_judge_s``: the parent binds the socket and starts the workers only once a judge
+    replica answers a probe (exit 1 when none has within that many seconds)."""
     from genrm_trio.logs import startup_lines
     from genrm_trio.process_tuning import effective_backlog, kernel_listen_limit
 
@@ -97,6 +101,8 @@ def run_workers(config: Config, notes: Sequence[str] = ()) -> int:
         log.info(note)
     for line in startup_lines(config):
         log.info(line)
+    if wait_for_judge_s is not None and not hold_for_judge(config, wait_for_judge_s):
+        return 1
     state_dir = Path(tempfile.mkdtemp(prefix="genrm-trio-"))  # mkdtemp makes it 0700
     store: EmbeddedStore | None = None
     try:

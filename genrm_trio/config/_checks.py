@@ -300,6 +300,18 @@ def _judge_base_urls(value: Any) -> tuple[str, ...] | None:
     return tuple(urls)
 
 
+def _probe_path(value: Any) -> str | None:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, str)
+        or not value.startswith("/")
+        or any(ch.isspace() or ch in "?#" for ch in value)
+    ):
+        raise InvalidValue("must be a path starting with / (no query), or null", value)
+    return value
+
+
 _max_output_tokens = _integer(1)
 
 
@@ -344,6 +356,9 @@ _CHECKS: dict[str, _Check] = {
     "judge_replica_cooldown_s": _number(above=0),
     "judge_request_timeout_s": _number(above=0),
     "judge_retry_max_sleep_s": _number(at_least=0),
+    "judge_probe_path": _probe_path,
+    "judge_probe_interval_s": _number(above=0),
+    "judge_probe_timeout_s": _number(above=0),
     "genrm_parse_retries": _integer(0),
     "genrm_parse_retry_sleep_s": _number(at_least=0),
     SAMPLING_KEY: lambda value: value,  # checked by _check_sampling, which reports sub-keys

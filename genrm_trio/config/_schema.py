@@ -55,6 +55,11 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     judge_replica_cooldown_s: float = 10.0
     judge_request_timeout_s: float = 1800.0
     judge_retry_max_sleep_s: float = 8.0
+    # Readiness: `GET <replica base URL><judge_probe_path>` per replica at start and then every
+    # interval (/readyz, /healthz, `serve --wait-for-judge`); None turns probing off.
+    judge_probe_path: str | None = "/models"
+    judge_probe_interval_s: float = 10.0
+    judge_probe_timeout_s: float = 5.0
     genrm_parse_retries: int = 3
     genrm_parse_retry_sleep_s: float = 0.2
     genrm_responses_create_params: dict[str, Any] = msgspec.field(default_factory=default_sampling)

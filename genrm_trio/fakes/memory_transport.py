@@ -123,6 +123,7 @@ class MemoryTransport(JudgeTransport):
         parsed = urlsplit(endpoint.url)
         self.target = (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else "")
         self._host = parsed.netloc
+        self._method = endpoint.method
         self._headers = [(name.lower(), value) for name, value in endpoint.headers.items()]
         self._closed = False
         self._opened = 0
@@ -150,7 +151,7 @@ class MemoryTransport(JudgeTransport):
             ("content-length", str(len(body))),
             *self._headers,
         ]
-        reply = judge.handle("POST", self.target, headers, body, now=trio.current_time())
+        reply = judge.handle(self._method, self.target, headers, body, now=trio.current_time())
         if reply.tracked:
             cancelled = True
             try:

@@ -1,5 +1,6 @@
 """The server: quart-trio routes over the wire layer, the accept and read loops under
-hypercorn, the receive budget and spool for waiting bodies, /metrics, /healthz and OpenAPI.
+hypercorn, the receive budget and spool for waiting bodies, /metrics, /healthz, /readyz and
+OpenAPI.
 
 The face is ``app`` (``create_app``, one server instance), ``serving`` (the accept side `serve`
 runs it behind) and ``read_gates`` (what `serve` hands the app so that a body can wait unread);

@@ -30,6 +30,7 @@ from genrm_trio.wire.schema import (
     ErrorReply,
     Healthz,
     MaskedRow,
+    Readyz,
     VerifyRequestDoc,
     VerifyRow,
 )
@@ -69,6 +70,7 @@ def _build(version: str) -> dict[str, Any]:
             VerifyGroupReply,
             OpenRLHFRewardRequestDoc,
             OpenRLHFRewardReply,
+            Readyz,
         ],
         ref_template="#/components/schemas/{name}",
     )
@@ -78,7 +80,7 @@ def _build(version: str) -> dict[str, Any]:
     seed_request, seed_reply, aggregate_request, aggregate_reply, close_request, close_reply = refs[
         7:13
     ]
-    group_request, group_reply, openrlhf_request, openrlhf_reply = refs[13:]
+    group_request, group_reply, openrlhf_request, openrlhf_reply, readyz = refs[13:]
 
     def reply(description: str, schema: dict[str, Any]) -> dict[str, Any]:
         return {"description": description, "content": {_JSON: {"schema": schema}}}
@@ -290,6 +292,22 @@ def _build(version: str) -> dict[str, Any]:
             },
         }
     }
+    ready = {
+        "get": {
+            "operationId": "readyz",
+            "summary": "Readiness: a judge replica answered its last probe and the group store "
+            "is available; never calls the judge beyond the probes",
+            "responses": {
+                "200": reply("Ready (status ready).", readyz),
+                "503": reply(
+                    "Not ready (status not_ready, with reasons naming each failing judge "
+                    "replica's URL and last error, or the group store), or shutting down "
+                    "(status shutting_down).",
+                    readyz,
+                ),
+            },
+        }
+    }
     metrics = {
         "get": {
             "operationId": "metrics",
@@ -329,6 +347,7 @@ def _build(version: str) -> dict[str, Any]:
             "/reverify_mode": reverify_mode,
             "/aggregate_metrics": aggregate,
             "/healthz": health,
+            "/readyz": ready,
             "/metrics": metrics,
             "/openapi.json": openapi,
         },

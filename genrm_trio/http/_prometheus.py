@@ -28,6 +28,7 @@ from genrm_trio.core.server_metrics import ATTEMPT_BUCKETS, Histogram, ServerMet
 from genrm_trio.http._request_counts import RequestCounts
 from genrm_trio.http._spool import Spool, SpoolBudget
 from genrm_trio.http._worker_metrics import MASKED_RATIO
+from genrm_trio.judge import JudgeReadiness
 from genrm_trio.judge.client import JudgeStatistics
 from genrm_trio.runtime.engine import Engine
 
@@ -101,12 +102,18 @@ class EngineCollector(Collector):
     """Reads one server instance's numbers at scrape time."""
 
     def __init__(
-        self, engine: Engine, spool: Spool, budget: SpoolBudget, requests: RequestCounts
+        self,
+        engine: Engine,
+        spool: Spool,
+        budget: SpoolBudget,
+        requests: RequestCounts,
+        readiness: JudgeReadiness | None = None,
     ) -> None:
         self.engine = engine
         self.spool = spool
         self.budget = budget
         self.requests = requests
+        self.readiness = readiness
 
     def collect(self) -> Iterator[Metric]:
         # Counts kept as they happen, and a snapshot of every component's state, each taken
@@ -182,6 +189,8 @@ class EngineCollector(Collector):
             config.judge_max_concurrency,
         )
         yield from _replicas(judge, metrics)
+        if self.readiness is not None:
+            yield from _probes(self.readiness)
         yield _counter(
             "genrm_comparisons",
             "Comparisons ended, by outcome (a verdict, J-24's default verdict, or a failure).",
@@ -346,6 +355,27 @@ def _masking(engine: Engine) -> Iterator[Metric]:
     for reason in sorted(masking.known_reasons):
         reasons.add_metric([reason], reading.reasons.get(reason, 0))
     yield reasons
+
+
+def _probes(readiness: JudgeReadiness) -> Iterator[Metric]:
+    """Each replica's last readiness probe; a replica appears once a probe of it has ended."""
+    reachable = GaugeMetricFamily(
+        "genrm_judge_replica_reachable",
+        "1 while the judge replica's last readiness probe got a 2xx reply, else 0.",
+        labels=["replica"],
+    )
+    probed_at = GaugeMetricFamily(
+        "genrm_judge_replica_last_probe_timestamp_seconds",
+        "When the judge replica's last readiness probe ended, in Unix seconds.",
+        labels=["replica"],
+    )
+    for replica in readiness.replicas:
+        if replica.reachable is None or replica.last_probe_at is None:
+            continue
+        reachable.add_metric([replica.url], 1 if replica.reachable else 0)
+        probed_at.add_metric([replica.url], replica.last_probe_at)
+    yield reachable
+    yield probed_at
 
 
 def metrics_registry(collector: EngineCollector) -> CollectorRegistry:

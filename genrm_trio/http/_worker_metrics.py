@@ -16,7 +16,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -28,6 +28,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
+
+from genrm_trio.judge import ReplicaState
 
 __all__ = [
     "DERIVED_GAUGES",
@@ -42,6 +44,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("genrm_trio")
+
+_REACHABLE: Final = "genrm_judge_replica_reachable"
+_LAST_PROBE: Final = "genrm_judge_replica_last_probe_timestamp_seconds"
 
 # What the parent of `serve --workers` sets in each worker's environment before it starts Python.
 WORKER_INDEX_ENV: Final = "GENRM_WORKER_INDEX"
@@ -67,6 +72,10 @@ GAUGE_MODES: Final[Mapping[str, GaugeMode]] = {
     # Each worker ejects a replica on its own failures: 0 as soon as any worker has set it aside.
     "genrm_judge_replica_up": "livemin",
     "genrm_judge_replica_in_flight": "livesum",
+    # Every worker probes every replica: it answers the deployment while any worker's last
+    # probe of it answered, and its last probe is the latest of any worker's.
+    "genrm_judge_replica_reachable": "livemax",
+    "genrm_judge_replica_last_probe_timestamp_seconds": "livemax",
     # Every worker reports the group store's counts, the same numbers read at most one sweep
     # apart: the freshest is the largest while groups pile up, and a sum would count N times.
     "genrm_groups_active": "livemax",
@@ -408,6 +417,32 @@ class WorkerMetrics:
             if metric.name == WORKERS_UP:
                 return round(sum(sample.value for sample in metric.samples))
         return 0
+
+    def judge_replicas(self, local: Sequence[ReplicaState]) -> list[ReplicaState]:
+        """The deployment's judge replicas: each answers while any live worker's last probe of
+        it answered, last probed when any worker last did. This worker's own state stands in
+        for a replica no worker has probed yet, and gives the error of one none reaches."""
+        self.publish()
+        reachable: dict[str, float] = {}
+        probed_at: dict[str, float] = {}
+        # livemax gauges: prometheus_client keeps them in gauge_livemax_<pid>.db.
+        files = glob.glob(os.path.join(self.settings.directory, "gauge_livemax_*.db"))
+        for metric in MultiProcessCollector.merge(files, accumulate=False):
+            found = {_REACHABLE: reachable, _LAST_PROBE: probed_at}.get(metric.name)
+            if found is not None:
+                for sample in metric.samples:
+                    found[sample.labels["replica"]] = sample.value
+        merged: list[ReplicaState] = []
+        for own in local:
+            if own.url not in reachable:
+                merged.append(own)
+                continue
+            answers = reachable[own.url] >= 1
+            error = None
+            if not answers:
+                error = own.last_error or "no worker's last probe got an answer"
+            merged.append(ReplicaState(own.url, answers, probed_at.get(own.url), error))
+        return merged
 
     def health(self) -> dict[str, int]:
         """The `/healthz` fields of worker mode."""

@@ -59,6 +59,7 @@ from genrm_trio.http._whole_groups import (
 )
 from genrm_trio.http._worker_metrics import WorkerMetrics, worker_settings
 from genrm_trio.http.read_gates import ReadGates
+from genrm_trio.judge import Http11Transport, JudgeProbe, ReplicaState, readiness_verdict
 from genrm_trio.judge.transport import TransportFactory
 from genrm_trio.runtime.compare import CompareUnavailable, run_compare
 from genrm_trio.runtime.engine import Engine
@@ -68,7 +69,13 @@ from genrm_trio.store.group_store import GroupStore
 from genrm_trio.wire.bodies import BadRequest
 from genrm_trio.wire.group_bodies import parse_group_body
 from genrm_trio.wire.parsing import body_too_large, parse_compare_body
-from genrm_trio.wire.rendering import error_body, render_compare_reply, render_healthz
+from genrm_trio.wire.rendering import (
+    error_body,
+    render_compare_reply,
+    render_healthz,
+    render_readyz,
+)
+from genrm_trio.wire.schema import JudgeReplicaState
 
 log = logging.getLogger("genrm_trio")
 
@@ -86,6 +93,7 @@ class GenRMApp(QuartTrio):
     """
 
     engine: Engine
+    judge_probe: JudgeProbe
     metrics_collector: EngineCollector
     spool: Spool
     spool_budget: SpoolBudget
@@ -133,6 +141,18 @@ def _reply(status: int, payload: bytes) -> Response:
     return Response(payload, status=status, content_type=JSON)
 
 
+def _replicas_wire(replicas: list[ReplicaState]) -> list[JudgeReplicaState]:
+    return [
+        JudgeReplicaState(
+            url=replica.url,
+            reachable=replica.reachable,
+            last_probe_at=replica.last_probe_at,
+            last_error=replica.last_error,
+        )
+        for replica in replicas
+    ]
+
+
 def create_app(
     config: Config | Mapping[str, Any],
     *,
@@ -140,10 +160,14 @@ def create_app(
     hooks: Hooks | None = None,
     store: GroupStore | None = None,
     read_gates: ReadGates | None = None,
+    judge_probe_transport: TransportFactory | None = None,
 ) -> GenRMApp:
     """Build an independent server instance; `judge_transport` replaces the judge's network,
     `store` the group store the configuration names (`group_store`). `read_gates`: given by
-    `serve`, which then lets a body wait unread for room in the budget."""
+    `serve`, which then lets a body wait unread for room in the budget.
+    `judge_probe_transport`: what the readiness probe reaches the replicas through; the network
+    by default, but with a `judge_transport` handed in and no probe transport, probing is off
+    (the network probe would not reach that judge)."""
     if not isinstance(config, Config):
         config = config_from_mapping(config)
     app = GenRMApp("genrm_trio")
@@ -155,6 +179,9 @@ def create_app(
         store = configured_store(config)
     engine = Engine(config, store, judge_transport=judge_transport, hooks=hooks)
     app.engine = engine
+    if judge_probe_transport is None and judge_transport is None:
+        judge_probe_transport = Http11Transport
+    probe = app.judge_probe = JudgeProbe(config, judge_probe_transport)
     budget = SpoolBudget(config.waiting_body_memory_bytes)
     receiver = BodyReceiver(budget, config.max_body_bytes, app.config["BODY_TIMEOUT"], read_gates)
     spool = Spool(config.spool_dir)
@@ -164,7 +191,9 @@ def create_app(
     openapi_bytes = openapi_json(__version__)
     metrics = engine.metrics
     counts = RequestCounts()
-    collector = app.metrics_collector = EngineCollector(engine, spool, budget, counts)
+    collector = app.metrics_collector = EngineCollector(
+        engine, spool, budget, counts, probe.readiness
+    )
     prometheus = metrics_registry(collector)
     # One of `serve --workers N`'s workers: /metrics and /healthz speak for the whole server.
     worker = worker_settings(os.environ)
@@ -177,12 +206,17 @@ def create_app(
         if config.waiting_body_memory_bytes is not None:
             spool.prepare()
         await app.nursery.start(engine.run)
+        # Probes run beside serving: a dead judge is reported, never waited for (that is
+        # `serve --wait-for-judge`).
+        await app.nursery.start(probe.run)
         if worker_metrics is not None:
             await app.nursery.start(worker_metrics.run)
 
     @app.after_serving
     async def stop_engine() -> None:
+        probe.stop()
         await engine.shutdown()
+        await probe.aclose()
         spool.close()
         if worker_metrics is not None:
             worker_metrics.retire()
@@ -284,6 +318,12 @@ def create_app(
     register_gym_routes(app, read_body, engine.tallies.masked_rollouts)
     register_openrlhf_route(app, read_body, engine, config)
 
+    def judge_replicas() -> list[ReplicaState]:
+        """Each replica's probe state: this process's, or under `serve --workers` the
+        deployment's."""
+        local = probe.readiness.replicas
+        return local if worker_metrics is None else worker_metrics.judge_replicas(local)
+
     def health(status: str) -> bytes:
         workers = None if worker_metrics is None else worker_metrics.health()
         counts = {
@@ -292,7 +332,15 @@ def create_app(
             "body_bytes_in_memory": budget.waiting,
             "body_bytes_spooled": spool.bytes_on_disk,
         }
-        return render_healthz(status, counts, engine.store_status(), workers)
+        return render_healthz(
+            status,
+            counts,
+            engine.store_status(),
+            workers,
+            num_rollouts_per_prompt=config.num_rollouts_per_prompt if config.group_mode else None,
+            comparison_strategy=config.comparison_strategy,
+            judge_replicas=_replicas_wire(judge_replicas()),
+        )
 
     @app.get("/healthz")
     async def healthz() -> Response:
@@ -300,6 +348,18 @@ def create_app(
             return _reply(503, health("shutting_down"))
         await engine.refresh_counts()
         return _reply(200, health("ok"))
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        if not engine.closed:
+            await engine.refresh_counts()
+        replicas = judge_replicas()
+        store = engine.store_status()
+        verdict = readiness_verdict(
+            replicas, probing=probe.readiness.probing, store=store, shutting_down=engine.closed
+        )
+        body = render_readyz(verdict.status, verdict.reasons, _replicas_wire(replicas), store[1])
+        return _reply(verdict.http_status, body)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

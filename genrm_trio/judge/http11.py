@@ -250,7 +250,10 @@ class Http11Transport(JudgeTransport):
         self._closed = False
         self._opened = 0
         target = (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else "")
-        lines = [f"POST {target} HTTP/1.1".encode("ascii"), f"Host: {parsed.netloc}".encode()]
+        lines = [
+            f"{endpoint.method} {target} HTTP/1.1".encode("ascii"),
+            f"Host: {parsed.netloc}".encode(),
+        ]
         self._header_error: str | None = None
         for name, value in endpoint.headers.items():
             if any(bad in value for bad in "\r\n\0"):

@@ -40,6 +40,8 @@ class JudgeEndpoint:
     url: str  # the request URL, without user-info (J-41)
     headers: Mapping[str, str]  # exactly the J-8 headers; Host and Content-Length frame the request
     timeout_s: float  # judge_request_timeout_s: bounds connecting, as the attempt's deadline does
+    # Judge requests POST; the readiness probe (judge/_probe.py) sends a GET with an empty body.
+    method: str = "POST"
 
 
 @dataclass(frozen=True, slots=True)

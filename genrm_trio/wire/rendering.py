@@ -1,11 +1,11 @@
-"""Rendering replies (W-20…W-50): byte-exact scored and masked rows, the /compare and /healthz
-replies, and error bodies."""
+"""Rendering replies (W-20…W-50): byte-exact scored and masked rows, the /compare, /healthz and
+/readyz replies, and error bodies."""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -19,7 +19,14 @@ from genrm_trio.wire.bodies import (
     FileSpan,
     VerifyRequest,
 )
-from genrm_trio.wire.schema import CompareMetrics, CompareReply, ComparisonResult, Healthz
+from genrm_trio.wire.schema import (
+    CompareMetrics,
+    CompareReply,
+    ComparisonResult,
+    Healthz,
+    JudgeReplicaState,
+    Readyz,
+)
 
 _MASK_MEMBER: Final = b'"mask_sample":true'
 _MASKED_INSTANCE_CONFIG: Final = b'{"mask_sample":true}'
@@ -129,10 +136,15 @@ def render_healthz(
     counts: Mapping[str, int],
     store: tuple[str, bool] = ("memory", True),
     workers: Mapping[str, int] | None = None,
+    *,
+    num_rollouts_per_prompt: int | None = None,
+    comparison_strategy: str = "circular",
+    judge_replicas: Sequence[JudgeReplicaState] = (),
 ) -> bytes:
     """W-50: the status, the four state counts, the count of resent legacy groups, the judge
-    attempts started so far, the group store (X-4) and the request-body bytes by where they
-    are (receiving, in memory, spooled); under `serve --workers N`, after them,
+    attempts started so far, the group store (X-4), the request-body bytes by where they
+    are (receiving, in memory, spooled), the group size (None: group mode off), the comparison
+    strategy and each judge replica's probe state; under `serve --workers N`, after them,
     `workers` (`worker`, `workers_up`, `workers`: this worker's index, the live workers, N)."""
     if status not in ("ok", "shutting_down"):
         raise ValueError(f"unknown health status {status!r}")
@@ -150,6 +162,9 @@ def render_healthz(
             body_bytes_receiving=counts.get("body_bytes_receiving", 0),
             body_bytes_in_memory=counts.get("body_bytes_in_memory", 0),
             body_bytes_spooled=counts.get("body_bytes_spooled", 0),
+            num_rollouts_per_prompt=num_rollouts_per_prompt,
+            comparison_strategy=comparison_strategy,
+            judge_replicas=list(judge_replicas),
         )
     )
     if workers is None:
@@ -158,6 +173,26 @@ def render_healthz(
         b',"%s":%d' % (name.encode(), workers[name]) for name in ("worker", "workers_up", "workers")
     )
     return body[:-1] + extra + b"}"
+
+
+def render_readyz(
+    status: str,
+    reasons: Sequence[str],
+    judge_replicas: Sequence[JudgeReplicaState],
+    group_store_available: bool,
+) -> bytes:
+    """`GET /readyz`: the status (ready, not_ready or shutting_down), the reasons when not
+    ready, each judge replica's probe state and whether the group store is available."""
+    if status not in ("ready", "not_ready", "shutting_down"):
+        raise ValueError(f"unknown readiness status {status!r}")
+    return _ENCODER.encode(
+        Readyz(
+            status=status,  # type: ignore[arg-type]
+            reasons=msgspec.UNSET if status == "ready" else list(reasons),
+            judge_replicas=list(judge_replicas),
+            group_store_available=group_store_available,
+        )
+    )
 
 
 def _echo_parts(members: list[tuple[bytes | memoryview, EchoValue]]) -> list[EchoValue]:

@@ -232,6 +232,56 @@ class Healthz(msgspec.Struct, frozen=True, kw_only=True):
         int,
         Meta(description="Bytes of /verify bodies waiting in this process's spool files."),
     ] = 0
+    num_rollouts_per_prompt: Annotated[
+        int | None,
+        Meta(description="The group size N the server waits for; null when group mode is off."),
+    ] = None
+    comparison_strategy: Annotated[
+        str, Meta(description="How a group's rollouts are paired for the judge.")
+    ] = "circular"
+    judge_replicas: Annotated[
+        list[JudgeReplicaState],
+        Meta(description="Each judge replica as its readiness probes found it."),
+    ] = msgspec.field(default_factory=list)
+
+
+class JudgeReplicaState(msgspec.Struct, frozen=True, kw_only=True):
+    """One judge replica as its last readiness probe (`GET <url><judge_probe_path>`) found it."""
+
+    url: Annotated[str, Meta(description="The replica's base URL, without user-info.")]
+    reachable: Annotated[
+        bool | None,
+        Meta(
+            description=(
+                "Whether its last probe got a 2xx reply; null when probing is off or no probe "
+                "has finished yet."
+            )
+        ),
+    ]
+    last_probe_at: Annotated[
+        float | None, Meta(description="When its last probe ended, in Unix seconds.")
+    ]
+    last_error: Annotated[
+        str | None,
+        Meta(description="Why its last probe failed (the failure and its message, or the status)."),
+    ]
+
+
+class Readyz(msgspec.Struct, frozen=True, kw_only=True):
+    """`GET /readyz`: whether the server can judge now."""
+
+    status: Literal["ready", "not_ready", "shutting_down"]
+    reasons: Annotated[
+        list[str] | UnsetType,
+        Meta(
+            description=(
+                "Why not ready (absent when ready): each failing judge replica's URL and last "
+                "error, the group store, or the shutdown."
+            )
+        ),
+    ] = UNSET
+    judge_replicas: list[JudgeReplicaState]
+    group_store_available: bool
 
 
 class ErrorReply(msgspec.Struct, frozen=True, kw_only=True):

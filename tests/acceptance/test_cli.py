@@ -221,7 +221,12 @@ def test_serve_on_a_free_port_then_stop(cli: Any, sig: signal.Signals) -> None:
             "body_bytes_receiving": 0,
             "body_bytes_in_memory": 0,
             "body_bytes_spooled": 0,
+            "num_rollouts_per_prompt": 16,
+            "comparison_strategy": "circular",
+            "judge_replicas": health.json()["judge_replicas"],
         }
+        [replica] = health.json()["judge_replicas"]
+        assert replica["url"] == judge_url
     status, elapsed = stop_and_time(process, sig)
     assert status == 0
     assert elapsed <= 5.0 + 2.0  # shutdown_grace_s (default 5) + 2 s
@@ -231,9 +236,11 @@ def test_serve_on_a_free_port_then_stop(cli: Any, sig: signal.Signals) -> None:
 
 
 def test_logs_are_single_dated_lines_with_the_startup_summary(cli: Any) -> None:
-    # AS-10 (§9.1 log lines, O-1 startup summary)
-    judge_url = idle_judge_url(cli)
-    process, _, _ = cli.start_serve(*judge_sets(judge_url), "--set", "num_rollouts_per_prompt=4")
+    # AS-10 (§9.1 log lines, O-1 startup summary); a healthy start logs nothing above INFO
+    _, judge_url = cli.start_fake_judge()
+    process, url, _ = cli.start_serve(*judge_sets(judge_url), "--set", "num_rollouts_per_prompt=4")
+    with cli.http_client(url) as client:
+        cli.wait_until(lambda: client.get("/readyz").status_code == 200)
     status, _ = stop_and_time(process)
     assert status == 0
     lines = process.stderr().splitlines()

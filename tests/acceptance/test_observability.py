@@ -390,6 +390,12 @@ def health(
         "body_bytes_receiving": 0,
         "body_bytes_in_memory": in_memory,
         "body_bytes_spooled": 0,
+        "num_rollouts_per_prompt": 2,
+        "comparison_strategy": "circular",
+        # The harness's judge is in memory: the network probe does not reach it (probing off).
+        "judge_replicas": [
+            {"url": JUDGE_URL, "reachable": None, "last_probe_at": None, "last_error": None}
+        ],
     }
 
 

@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 from genrm_trio.testing import FakeJudge
-from genrm_trio.testing.harness import Reply, Server, member, running_server
+from genrm_trio.testing.harness import JUDGE_URL, Reply, Server, member, running_server
 
 METRICS = (
     "genrm_failed_comparison_rate_per_group",
@@ -62,6 +62,7 @@ async def assert_no_state(server: Server) -> None:
     assert (stats.retained_records, stats.watermarks, stats.idle_entries) == (0, 0, 0)
     assert (stats.waiters, stats.owned_tasks, stats.judge_in_flight) == (0, 0, 0)
     assert server.calls() == 0
+    config = server.config
     health = await server.get("/healthz")
     assert health.body == {
         "status": "ok",
@@ -76,6 +77,12 @@ async def assert_no_state(server: Server) -> None:
         "body_bytes_receiving": 0,
         "body_bytes_in_memory": 0,
         "body_bytes_spooled": 0,
+        # null in single-rollout mode (no groups are gathered)
+        "num_rollouts_per_prompt": config.num_rollouts_per_prompt if config.group_mode else None,
+        "comparison_strategy": server.config.comparison_strategy,
+        "judge_replicas": [
+            {"url": JUDGE_URL, "reachable": None, "last_probe_at": None, "last_error": None}
+        ],
     }
 
 

@@ -41,12 +41,14 @@ def test_every_route_and_status_code_is_documented() -> None:
         "/reverify_mode",
         "/aggregate_metrics",
         "/healthz",
+        "/readyz",
         "/metrics",
         "/openapi.json",
     }
     assert set(paths["/verify"]["post"]["responses"]) == {"200", "400", "409", "413", "422", "503"}
     assert {"200", "400", "413", "422", "503"} <= set(paths["/compare"]["post"]["responses"])
     assert set(paths["/healthz"]["get"]["responses"]) == {"200", "503"}
+    assert set(paths["/readyz"]["get"]["responses"]) == {"200", "503"}
     assert set(paths["/seed_session"]["post"]["responses"]) == {"200", "400", "413", "422"}
     assert set(paths["/close_session"]["post"]["responses"]) == {"200", "400", "413", "422"}
     assert set(paths["/reverify_mode"]["get"]["responses"]) == {"200"}

@@ -19,8 +19,9 @@ from genrm_trio.wire.rendering import (
     bound_failure_text,
     error_body,
     render_healthz,
+    render_readyz,
 )
-from genrm_trio.wire.schema import Healthz, MaskedRow, VerifyRow
+from genrm_trio.wire.schema import Healthz, JudgeReplicaState, MaskedRow, Readyz, VerifyRow
 
 GROUP = Config(judge_base_url="http://judge/v1", judge_model="m", num_rollouts_per_prompt=2)
 SINGLE = Config(judge_base_url="http://judge/v1", judge_model="m", num_rollouts_per_prompt=1)
@@ -340,7 +341,27 @@ def test_healthz_reports_status_and_the_counts() -> None:
         b'{"status":"ok","active_groups":1,"retained_records":2,"watermarks":3,"judge_in_flight":4,'
         b'"legacy_resends_collecting":5,"judge_attempts_total":6,"group_store":"memory",'
         b'"group_store_available":true,"body_bytes_receiving":7,"body_bytes_in_memory":8,'
-        b'"body_bytes_spooled":9}'
+        b'"body_bytes_spooled":9,"num_rollouts_per_prompt":null,"comparison_strategy":"circular",'
+        b'"judge_replicas":[]}'
+    )
+    replica = JudgeReplicaState(
+        url="http://127.0.0.1:9/v1",
+        reachable=False,
+        last_probe_at=1700000000.5,
+        last_error="ConnectError: cannot connect to 127.0.0.1:9: Connection refused",
+    )
+    grouped = render_healthz(
+        "ok",
+        counts,
+        num_rollouts_per_prompt=8,
+        comparison_strategy="all_pairs",
+        judge_replicas=[replica],
+    )
+    assert grouped.endswith(
+        b'"body_bytes_spooled":9,"num_rollouts_per_prompt":8,"comparison_strategy":"all_pairs",'
+        b'"judge_replicas":[{"url":"http://127.0.0.1:9/v1","reachable":false,'
+        b'"last_probe_at":1700000000.5,"last_error":"ConnectError: cannot connect to '
+        b'127.0.0.1:9: Connection refused"}]}'
     )
     shared = render_healthz("ok", counts, ("redis://10.0.0.2:6379/0", False))
     assert b'"group_store":"redis://10.0.0.2:6379/0","group_store_available":false,' in shared
@@ -348,6 +369,24 @@ def test_healthz_reports_status_and_the_counts() -> None:
     assert shutting.status == "shutting_down"
     with pytest.raises(ValueError):
         render_healthz("fine", counts)
+
+
+def test_readyz_names_reasons_only_when_not_ready() -> None:
+    unknown = JudgeReplicaState(
+        url="http://judge:8000/v1", reachable=None, last_probe_at=None, last_error=None
+    )
+    assert render_readyz("ready", ["ignored"], [unknown], True) == (
+        b'{"status":"ready","judge_replicas":[{"url":"http://judge:8000/v1","reachable":null,'
+        b'"last_probe_at":null,"last_error":null}],"group_store_available":true}'
+    )
+    assert render_readyz("not_ready", ["group store redis://s:6379/0 unavailable"], [], False) == (
+        b'{"status":"not_ready","reasons":["group store redis://s:6379/0 unavailable"],'
+        b'"judge_replicas":[],"group_store_available":false}'
+    )
+    shutting = msgspec.json.decode(render_readyz("shutting_down", ["x"], [], True), type=Readyz)
+    assert (shutting.status, shutting.reasons) == ("shutting_down", ["x"])
+    with pytest.raises(ValueError):
+        render_readyz("fine", [], [], True)
 
 
 def test_a_masked_row_names_principle_and_prompt_id_as_gyms_failure_rows_do() -> None:
