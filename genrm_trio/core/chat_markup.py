@@ -16,8 +16,8 @@ are removed too where they occur without a role.
   non-empty ones joined by a line break, so no two words are glued together and no template
   line breaks are left over. A text in which no marker occurs is returned unchanged.
 
-One regular expression scans each text once, markers longest first, so the cost is linear in
-the text for the default list.
+One regular expression of every marker, longest first, finds them; a prompt is scanned once
+for its turns and each turn once more for its other markers, so the cost is linear in the text.
 """
 
 from __future__ import annotations
