@@ -165,23 +165,57 @@ def test_unknown_key_in_file_is_named(tmp_path: Path) -> None:
     path = write(tmp_path, required_yaml() + "cohort_timeout_s: 5\n")
     with pytest.raises(ConfigError) as info:
         load_config(path)
-    assert info.value.lines == ["unknown configuration key 'cohort_timeout_s'"]
+    assert info.value.lines == [
+        "unknown configuration key 'cohort_timeout_s' (did you mean 'compare_timeout_s'?)"
+    ]
 
 
 def test_unknown_key_in_set_is_named() -> None:
     with pytest.raises(ConfigError) as info:
         load_config(sets=["cohort_timeout_s=5"], base=REQUIRED)
-    assert info.value.lines == ["unknown configuration key 'cohort_timeout_s'"]
+    assert info.value.lines == [
+        "unknown configuration key 'cohort_timeout_s' (did you mean 'compare_timeout_s'?)"
+    ]
 
 
 def test_unknown_key_in_mapping_is_named() -> None:
-    assert errors_of(cohort_timeout_s=5) == ["unknown configuration key 'cohort_timeout_s'"]
+    assert errors_of(cohort_timeout_s=5) == [
+        "unknown configuration key 'cohort_timeout_s' (did you mean 'compare_timeout_s'?)"
+    ]
+
+
+def test_a_misspelt_key_is_named_with_the_key_it_resembles() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(sets=["judge_modle=genrm"], base={"judge_base_url": "http://judge:8000/v1"})
+    assert info.value.lines == [
+        "unknown configuration key 'judge_modle' (did you mean 'judge_model'?)",
+        "invalid configuration: judge_model: required",
+    ]
+    # A key like none of them gets no guess.
+    assert errors_of(colour="blue") == ["unknown configuration key 'colour'"]
+
+
+def test_judge_input_strip_tokens_defaults_to_the_common_templates_and_may_be_emptied() -> None:
+    default = config_from_mapping(REQUIRED).judge_input_strip_tokens
+    for marker in ("<|im_start|>{role}", "<|eot_id|>", "[INST]", "<end_of_turn>", "</s>"):
+        assert marker in default
+    assert "<|endoftext|>" in default
+    assert (
+        config_from_mapping(REQUIRED | {"judge_input_strip_tokens": []}).judge_input_strip_tokens
+        == ()
+    )
+    assert errors_of(judge_input_strip_tokens="<|im_end|>") == [
+        "invalid configuration: judge_input_strip_tokens: must be a list of non-empty strings, "
+        "or [] to strip nothing (got '<|im_end|>')"
+    ]
+    [line] = errors_of(judge_input_strip_tokens=["<|im_end|>", "{role}:"])
+    assert "judge_input_strip_tokens" in line and "starts with {role}" in line
 
 
 def test_dotted_key_other_than_sampling_is_unknown() -> None:
     with pytest.raises(ConfigError) as info:
         load_config(sets=["port.x=1"], base=REQUIRED)
-    assert info.value.lines == ["unknown configuration key 'port.x'"]
+    assert info.value.lines == ["unknown configuration key 'port.x' (did you mean 'port'?)"]
 
 
 # --- AS-4: every problem at once ------------------------------------------------------------
@@ -203,7 +237,7 @@ def test_unknown_and_invalid_keys_are_reported_together() -> None:
     with pytest.raises(ConfigError) as info:
         load_config(sets=["cohort_timeout_s=5", "top_percentile=2"])
     assert info.value.lines == [
-        "unknown configuration key 'cohort_timeout_s'",
+        "unknown configuration key 'cohort_timeout_s' (did you mean 'compare_timeout_s'?)",
         "invalid configuration: judge_base_url: required",
         "invalid configuration: judge_model: required",
         "invalid configuration: top_percentile: must be a finite number from 0 to 1 (got 2)",

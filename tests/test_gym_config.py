@@ -100,7 +100,10 @@ def test_a_misspelt_key_in_a_gym_block_is_still_an_error() -> None:
     block["num_rollout_per_prompt"] = 8
     with pytest.raises(ConfigError) as caught:
         config_from_gym(document, sets=JUDGE)
-    assert caught.value.lines == ["unknown configuration key 'num_rollout_per_prompt'"]
+    assert caught.value.lines == [
+        "unknown configuration key 'num_rollout_per_prompt' "
+        "(did you mean 'num_rollouts_per_prompt'?)"
+    ]
 
 
 def test_set_and_port_override_the_gym_block() -> None:

@@ -24,6 +24,7 @@ PUBLIC_MODULES: dict[str, set[str]] = {
     "genrm_trio.core": {
         "arrivals",
         "canonical",
+        "chat_markup",
         "critical",
         "exact_ints",
         "gym_metrics",

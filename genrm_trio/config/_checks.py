@@ -7,6 +7,7 @@ defaults.
 from __future__ import annotations
 
 import copy
+import difflib
 import math
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +26,7 @@ from genrm_trio.config._schema import (
     MaskedRewardPlaceholder,
     Strategy,
 )
+from genrm_trio.core.chat_markup import check_strip_token
 
 # Keys of the sampling mapping the server fills in itself (CF-12), in the order they are reported.
 SERVER_OWNED_SAMPLING_KEYS = ("model", "messages", "stream")
@@ -312,6 +314,17 @@ def _probe_path(value: Any) -> str | None:
     return value
 
 
+def _strip_tokens(value: Any) -> tuple[str, ...]:
+    problem = "must be a list of non-empty strings, or [] to strip nothing"
+    if not isinstance(value, list | tuple) or not all(isinstance(t, str) for t in value):
+        raise InvalidValue(problem, value)
+    for token in value:
+        wrong = check_strip_token(token)
+        if wrong is not None:
+            raise InvalidValue(wrong, value)
+    return tuple(value)
+
+
 _max_output_tokens = _integer(1)
 
 
@@ -372,6 +385,7 @@ _CHECKS: dict[str, _Check] = {
     "num_judges_per_comparison": _integer(1),
     "use_principle": _boolean,
     "default_principle": _text,
+    "judge_input_strip_tokens": _strip_tokens,
     "aggregator_method": _choice(Literal["simple_tiebreaker"]),
     "reasoning_bonus": _number(at_least=0),
     "answer_bonus": _number(at_least=0),
@@ -407,9 +421,15 @@ CONFIG_KEYS: tuple[str, ...] = tuple(_CHECKS)
 REQUIRED_KEYS = ("judge_base_url", "judge_model")
 
 
+def _unknown_key_line(key: Any) -> str:
+    line = f"unknown configuration key '{key}'"
+    close = difflib.get_close_matches(str(key), _CHECKS, n=1)
+    return f"{line} (did you mean '{close[0]}'?)" if close else line
+
+
 def _validate(values: Mapping[Any, Any]) -> Config:
     """Check every key of `values` (over the defaults) and report all problems at once."""
-    lines = [f"unknown configuration key '{key}'" for key in values if key not in _CHECKS]
+    lines = [_unknown_key_line(key) for key in values if key not in _CHECKS]
     accepted: dict[str, Any] = {}
     replicas = values.get("judge_base_urls") is not None
     for key, check in _CHECKS.items():

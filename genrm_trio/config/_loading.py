@@ -212,6 +212,7 @@ def public_view(config: Config) -> dict[str, Any]:
         view["judge_base_urls"] = [url_without_userinfo(url) for url in config.judge_base_urls]
     view["judge_api_key"] = "<set>" if resolve_api_key(config) is not None else None
     view[SAMPLING_KEY] = copy.deepcopy(config.genrm_responses_create_params)
+    view["judge_input_strip_tokens"] = list(config.judge_input_strip_tokens)
     view["group_store"] = url_without_userinfo(config.group_store)
     return view
 

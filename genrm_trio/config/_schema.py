@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from genrm_trio.core.chat_markup import DEFAULT_STRIP_TOKENS
+
 DEFAULT_PRINCIPLE = (
     "You are an impartial judge comparing two assistant responses to the conversation above. "
     "Before judging, write your own answer to the user's last message. Then check both responses "
@@ -73,6 +75,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
     num_judges_per_comparison: int = 1
     use_principle: bool = False
     default_principle: str = DEFAULT_PRINCIPLE
+    # Chat-template markup the OpenRLHF route takes out of prompts and responses before the
+    # judge reads them (core.chat_markup); an empty list passes them as decoded.
+    judge_input_strip_tokens: tuple[str, ...] = DEFAULT_STRIP_TOKENS
     aggregator_method: Literal["simple_tiebreaker"] = "simple_tiebreaker"
     reasoning_bonus: float = 0.0
     answer_bonus: float = 0.0

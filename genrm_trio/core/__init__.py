@@ -9,6 +9,7 @@ are the core's own.
 __all__ = [
     "arrivals",
     "canonical",
+    "chat_markup",
     "critical",
     "exact_ints",
     "gym_metrics",

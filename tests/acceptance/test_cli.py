@@ -117,7 +117,10 @@ def test_unknown_key_exits_2(cli: Any, source: str) -> None:
     result = cli.run("serve", "--config", str(path), *args)
     assert result.returncode == 2
     assert result.stdout == ""
-    assert "unknown configuration key 'cohort_timeout_s'" in result.stderr.splitlines()
+    assert (
+        "unknown configuration key 'cohort_timeout_s' (did you mean 'compare_timeout_s'?)"
+        in result.stderr.splitlines()
+    )
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["both-in-file", "file-and-set"])

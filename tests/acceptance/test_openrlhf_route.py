@@ -218,3 +218,40 @@ def test_samples_masked_on_their_own_by_a_broken_connection_keep_their_placehold
         metrics = http.get("/metrics").text
     # The masks came from a transport failure (the closed connection), judged once.
     assert re.search(r'genrm_judge_attempts_total\{[^}]*outcome="transport"[^}]*\} 1\.0', metrics)
+
+
+MARKUP = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "\n")
+
+
+def test_the_judge_reads_a_chatml_sample_without_its_template_markup(cli: Any) -> None:
+    _, judge_url = cli.start_fake_judge()
+    settings = [f"judge_base_url={judge_url}", "judge_model=fake-judge"]
+    settings += [f"num_rollouts_per_prompt={N}", "genrm_parse_retries=0", "log_level=WARNING"]
+    _, url, _ = cli.start_serve(*[arg for s in settings for arg in ("--set", s)])
+    # The prompt as OpenRLHF decodes it from a Qwen-style ChatML template, and answers that end
+    # with the policy's end-of-text token.
+    prompt = (
+        "<|im_start|>system\nYou are a careful tutor.<|im_end|>\n"
+        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    answers = [f"It is 4, answer {k}. [[q={q}]]" for k, q in enumerate([3, 5, 1, 4])]
+    replies = trio.run(post_all, url, [sample(prompt, a + "<|endoftext|>") for a in answers])
+    assert sorted(r.json()["rewards"][0] for r in replies) == [1, 3, 4, 5]
+
+    with cli.http_client(judge_url.removesuffix("/v1")) as http:
+        calls = http.get("/_fake/requests").json()
+    assert len(calls) == N  # one group of four, circular pairing
+    seen_answers = set()
+    for call in calls:
+        messages = call["body"]["messages"]
+        # The conversation reaches the judge as its turns, the answers as they were written.
+        assert messages[:2] == [
+            {"role": "system", "content": "You are a careful tutor."},
+            {"role": "user", "content": "What is 2+2?"},
+        ]
+        assert [m["role"] for m in messages[2:]] == ["response_1", "response_2"]
+        seen_answers.update(m["content"] for m in messages[2:])
+        for message in messages:
+            assert not any(mark in message["content"] for mark in MARKUP), message
+    assert seen_answers == set(answers)

@@ -227,6 +227,35 @@ def test_the_trl_reward_function_returns_none_for_masked_completions(cli: Any) -
     assert "exhausted max_output_tokens" in failures[0]
 
 
+def judge_conversations(cli: Any, judge_url: str) -> list[tuple[str, set[str]]]:
+    """Each judge call's user turn and the two answers it compared."""
+    with cli.http_client(judge_url.removesuffix("/v1")) as http:
+        calls = http.get("/_fake/requests").json()
+    seen = []
+    for call in calls:
+        messages = {m["role"]: m["content"] for m in call["body"]["messages"]}
+        seen.append((messages["user"], {messages["response_1"], messages["response_2"]}))
+    return seen
+
+
+def test_the_trl_reward_function_sends_each_group_with_its_own_prompt(cli: Any) -> None:
+    _, url, judge_url = start_stack(cli)
+    reward = GenRMRewardFunction(url, num_generations=N, deadline_s=20)
+    prompts = ["Explain tides."] * N + ["Explain rain."] * N + ["Explain snow."] * N
+    texts = [answers(g, [2, 5, 3, 4]) for g in range(3)]
+    rewards = reward(
+        prompts=prompts, completions=[t for g in texts for t in g], completion_ids=None
+    )
+    assert rewards == [2, 5, 3, 4] * 3
+    # Every comparison of a group's answers was shown that group's prompt, N per group.
+    seen = judge_conversations(cli, judge_url)
+    assert len(seen) == 3 * N
+    for group, prompt in enumerate(["Explain tides.", "Explain rain.", "Explain snow."]):
+        calls = [answers_seen for user, answers_seen in seen if user == prompt]
+        assert len(calls) == N, (prompt, seen)
+        assert all(answers_seen <= set(texts[group]) for answers_seen in calls)
+
+
 def test_the_trl_reward_function_takes_conversational_prompts_and_completions(cli: Any) -> None:
     _, url, _ = start_stack(cli)
     reward = GenRMRewardFunction(url, num_generations=N)

