@@ -371,3 +371,41 @@ def test_policy_failures_are_regenerated_whole_on_resume(cli: Any, tmp_path: Pat
     assert metrics["groups_complete"] == count
     assert metrics["rows"] == count * N
     assert metrics["earlier_attempt_failures_by_class"] == {"policy_failed": len(policy_failed)}
+
+
+def test_collect_against_a_real_server_stops_at_once_on_a_wrong_group_size(
+    cli: Any, tmp_path: Path
+) -> None:
+    judge_url, policy_url, server_url, _ = _start_stack(cli)
+    tasks = cli.write("tasks.jsonl", "\n".join(_tasks(4)) + "\n")
+    out = tmp_path / "out.jsonl"
+    done = cli.run(
+        "collect", "--policy-url", policy_url, "--server-url", server_url, "--repeats", "4",
+        "--input", str(tasks), "--output", str(out), timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "--repeats 4 does not match" in done.stderr
+    assert f"(num_rollouts_per_prompt: {N} at {server_url})" in done.stderr
+    assert not out.exists()
+    assert _judge_calls(cli, judge_url) == 0
+
+
+def test_collect_against_a_server_whose_judge_is_dead_exits_2_naming_the_replica(
+    cli: Any, tmp_path: Path
+) -> None:
+    dead = "http://127.0.0.1:9/v1"
+    policy = cli.start("fake-policy", "--port", "0", "--seed", "11")
+    policy_url = policy.read_line().removeprefix("fake policy listening on ")
+    _, server_url, _ = cli.start_serve(
+        "--set", f"judge_base_url={dead}", "--set", "judge_model=fake-judge",
+        "--set", f"num_rollouts_per_prompt={N}",
+    )  # fmt: skip
+    tasks = cli.write("tasks.jsonl", "\n".join(_tasks(4)) + "\n")
+    out = tmp_path / "out.jsonl"
+    done = cli.run(
+        "collect", "--policy-url", policy_url, "--server-url", server_url, "--repeats", str(N),
+        "--input", str(tasks), "--output", str(out), "--wait-ready", "3", timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"judge replica {dead} unreachable: ConnectError" in done.stderr
+    assert not out.exists()

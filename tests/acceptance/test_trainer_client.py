@@ -28,6 +28,7 @@ from genrm_trio.client import (
     ResendPolicy,
     RewardsUnavailable,
     RolloutResult,
+    ServerNotReady,
 )
 from genrm_trio.client.trl import GenRMRewardFunction
 from genrm_trio.testing import pair_rule
@@ -305,6 +306,22 @@ def test_the_trl_reward_function_raises_when_the_judge_cannot_be_reached(cli: An
     assert "ConnectError: cannot connect to 127.0.0.1:9" in error.first_reason
     # What the batch came back as is still there to look at.
     assert [r.reward for r in reward.last_results] == [None] * 2 * N
+
+
+def test_the_trl_reward_function_stops_before_the_first_batch_when_the_server_is_not_ready(
+    cli: Any,
+) -> None:
+    _, url = start_server(cli, DEAD_JUDGE)
+    reward = GenRMRewardFunction(url, num_generations=N, ready_wait_s=3)
+    with pytest.raises(ServerNotReady) as raised:
+        reward(prompts=["p"] * N, completions=answers(0, [1, 2, 3, 4]))
+    error = raised.value
+    assert error.url == url
+    # The server's own /readyz names the judge replica that does not answer, and why.
+    message = str(error)
+    assert message.startswith(f"genrm-trio server {url} is not ready (waited 3s): ")
+    assert f"judge replica {DEAD_JUDGE} unreachable: ConnectError" in message
+    assert reward.last_results == []
 
 
 def test_with_warn_the_trl_reward_function_logs_and_returns_nones(
