@@ -21,7 +21,8 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from genrm_trio.http.app import create_app
-from genrm_trio.testing import FakeJudge, serve_fake_judge
+from genrm_trio.testing import FakeJudge
+from genrm_trio.testing._loopback_judge import LoopbackJudge
 from genrm_trio.testing.harness import member
 
 # Only guards against a hung test; no assertion depends on it.
@@ -61,31 +62,6 @@ class RecordingJudge(FakeJudge):
         return sum(
             1 for method, target, _ in self.seen if (method, target) == ("GET", "/v1/models")
         )
-
-
-class Replica:
-    """A fake judge on a loopback port that can be stopped and started again on the same port."""
-
-    def __init__(self, nursery: trio.Nursery, judge: RecordingJudge | None = None) -> None:
-        self.nursery = nursery
-        self.judge = judge or RecordingJudge()
-        self.port = 0
-        self.scope = trio.CancelScope()
-
-    async def start(self) -> None:
-        self.scope = trio.CancelScope()
-        self.port = await self.nursery.start(self._serve)
-
-    async def _serve(self, *, task_status: trio.TaskStatus[int]) -> None:
-        with self.scope:
-            await serve_fake_judge(self.judge, "127.0.0.1", self.port, task_status=task_status)
-
-    def stop(self) -> None:
-        self.scope.cancel()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
 
 
 def closed_port_url() -> str:
@@ -173,7 +149,7 @@ async def test_a_live_judge_is_ready_and_only_its_probe_path_is_probed(
     secret = "sk-probe-7d1e"
     with trio.fail_after(SAFETY_S):
         async with trio.open_nursery() as nursery:
-            replica = Replica(nursery)
+            replica = LoopbackJudge(nursery, RecordingJudge())
             await replica.start()
             async with genrm([replica.url], judge_api_key=secret) as client:
                 body = await readyz_until(client, 200)
@@ -204,7 +180,7 @@ async def test_readiness_follows_the_judge_going_away_and_coming_back(
     caplog.set_level(logging.INFO, logger="genrm_trio")
     with trio.fail_after(SAFETY_S):
         async with trio.open_nursery() as nursery:
-            replica = Replica(nursery)
+            replica = LoopbackJudge(nursery, RecordingJudge())
             await replica.start()
             async with genrm([replica.url]) as client:
                 await readyz_until(client, 200)
@@ -226,7 +202,7 @@ async def test_one_replica_answering_is_enough() -> None:
     dead = closed_port_url()
     with trio.fail_after(SAFETY_S):
         async with trio.open_nursery() as nursery:
-            replica = Replica(nursery)
+            replica = LoopbackJudge(nursery, RecordingJudge())
             await replica.start()
             async with genrm([dead, replica.url]) as client:
                 while True:
@@ -252,7 +228,7 @@ async def test_metrics_have_a_reachable_gauge_and_a_probe_time_per_replica() -> 
     dead = closed_port_url()
     with trio.fail_after(SAFETY_S):
         async with trio.open_nursery() as nursery:
-            replica = Replica(nursery)
+            replica = LoopbackJudge(nursery, RecordingJudge())
             await replica.start()
             async with genrm([dead, replica.url]) as client:
                 while True:
@@ -275,7 +251,7 @@ async def test_probing_off_reports_unknown_replicas_and_sends_nothing(
     dead = closed_port_url()
     with trio.fail_after(SAFETY_S):
         async with trio.open_nursery() as nursery:
-            replica = Replica(nursery)
+            replica = LoopbackJudge(nursery, RecordingJudge())
             await replica.start()
             async with genrm([dead, replica.url], judge_probe_path=None) as client:
                 await trio.sleep(3 * INTERVAL_S)
@@ -318,7 +294,7 @@ async def test_healthz_reports_the_group_size_and_the_strategy() -> None:
 async def test_readyz_says_shutting_down_once_shutdown_begins() -> None:
     with trio.fail_after(SAFETY_S):
         async with trio.open_nursery() as nursery:
-            replica = Replica(nursery)
+            replica = LoopbackJudge(nursery, RecordingJudge())
             await replica.start()
             config = {
                 "judge_base_url": replica.url,
@@ -359,7 +335,7 @@ async def test_a_healthy_run_gets_the_same_rows_and_judge_calls_with_probes_on()
     for path in ("/models", None):
         with trio.fail_after(SAFETY_S):
             async with trio.open_nursery() as nursery:
-                replica = Replica(nursery)
+                replica = LoopbackJudge(nursery, RecordingJudge())
                 await replica.start()
                 async with genrm([replica.url], judge_probe_path=path) as client:
                     if path is not None:

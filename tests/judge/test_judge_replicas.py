@@ -14,39 +14,14 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from genrm_trio.http.app import create_app
-from genrm_trio.testing import FakeJudge, serve_fake_judge, wait_for_stats
+from genrm_trio.testing import FakeJudge, wait_for_stats
+from genrm_trio.testing._loopback_judge import LoopbackJudge
 from genrm_trio.testing.harness import member
 
 # Only guards against a hung test; no assertion depends on it.
 SAFETY_S = 60
 N = 4
 COOLDOWN_S = 3.0
-
-
-class Replica:
-    """A fake judge on a loopback port that can be killed and started again on the same port."""
-
-    def __init__(self, nursery: trio.Nursery) -> None:
-        self.nursery = nursery
-        self.judge = FakeJudge(latency="fixed:0.005")
-        self.port = 0
-        self.scope = trio.CancelScope()
-
-    async def start(self) -> None:
-        self.scope = trio.CancelScope()
-        self.port = await self.nursery.start(self._serve)
-
-    async def _serve(self, *, task_status: trio.TaskStatus[int]) -> None:
-        with self.scope:
-            await serve_fake_judge(self.judge, "127.0.0.1", self.port, task_status=task_status)
-
-    def kill(self) -> None:
-        """Close the listener and cut every open connection, replies in flight included."""
-        self.scope.cancel()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
 
 
 @asynccontextmanager
@@ -104,7 +79,7 @@ def series(samples: dict[Any, float], name: str, **labels: str) -> float:
 async def test_a_replica_killed_halfway_is_ejected_and_every_group_is_scored() -> None:
     with trio.fail_after(SAFETY_S):
         async with trio.open_nursery() as nursery:
-            a, b = Replica(nursery), Replica(nursery)
+            a, b = (LoopbackJudge(nursery, FakeJudge(latency="fixed:0.005")) for _ in range(2))
             await a.start()
             await b.start()
             async with genrm([a.url, b.url]) as client:
@@ -122,7 +97,7 @@ async def test_a_replica_killed_halfway_is_ejected_and_every_group_is_scored() -
 
                     run.start_soon(second_half)
                     await wait_for_stats(a.judge, lambda stats: stats["in_flight"] > 0)
-                    a.kill()
+                    a.stop()
                 during = await scrape(client)
                 assert all(not row.get("mask_sample") for row in before + rows)
                 assert len(before + rows) == 32 * N
