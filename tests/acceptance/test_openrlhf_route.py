@@ -206,10 +206,15 @@ def test_samples_masked_on_their_own_by_a_broken_connection_keep_their_placehold
     cli: Any,
 ) -> None:
     # The judge closes the connection of one comparison: its two samples are masked, the
-    # group's other samples are scored, and nothing is answered 503.
-    rule = pair_rule(0, 1, "close")
-    rule["match"] = {"response_1": "answer-0 C ", "response_2": "answer-1 C "}
-    url = start_stack(cli, rules=[rule])
+    # group's other samples are scored, and nothing is answered 503. Slots follow the order
+    # the posts arrive in, so every pair is compared (all_pairs) and the rule matches the two
+    # answers in either order.
+    rules = []
+    for first, second in ((0, 1), (1, 0)):
+        rule = pair_rule(first, second, "close")
+        rule["match"] = {"response_1": f"answer-{first} C ", "response_2": f"answer-{second} C "}
+        rules.append(rule)
+    url = start_stack(cli, "comparison_strategy=all_pairs", rules=rules)
     texts = judge_texts("C", [1, 2, 3, 4])
     replies = trio.run(post_all, url, [sample("Closed: ", text) for text in texts])
     assert [r.status_code for r in replies] == [200] * N
