@@ -91,13 +91,14 @@ def group_store(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture
 def autojump_clock(request: pytest.FixtureRequest) -> trio.testing.MockClock:
-    """pytest-trio's clock, but on a Redis store it jumps only once every task has been blocked
-    for longer than a store reply takes (a task waiting for Redis looks blocked too)."""
-    from genrm_trio.testing.redis_fixtures import AUTOJUMP_S
+    """pytest-trio's clock, but on a Redis store it never jumps while a store command waits for
+    its reply (a task waiting for Redis looks blocked too)."""
+    from genrm_trio.testing.redis_fixtures import store_aware_clock
 
     redis = "group_store" in request.fixturenames and request.getfixturevalue("group_store")
-    threshold = AUTOJUMP_S if redis == "redis" else 0.0
-    return trio.testing.MockClock(autojump_threshold=threshold)
+    if redis == "redis":
+        return store_aware_clock(request.getfixturevalue("monkeypatch"))
+    return trio.testing.MockClock(autojump_threshold=0.0)
 
 
 @pytest.fixture

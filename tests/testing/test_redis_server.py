@@ -12,7 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
 
+from genrm_trio.store.resp import Client, StoreAddress
 from genrm_trio.testing.redis_server import (
     RedisReplyError,
     RedisServer,
@@ -227,3 +230,28 @@ def test_no_server_process_outlives_its_fixture(tmp_path: Path) -> None:
     server.close()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+async def test_the_store_clock_waits_for_a_slow_store_reply(
+    store_clock: trio.testing.MockClock, shared_redis_server: RedisServer
+) -> None:
+    # A reply that takes far longer than AUTOJUMP_S (a slow fsync on a loaded machine) must not
+    # let a deadline that is still in the future fire while the command is outstanding.
+    client = Client(StoreAddress.parse(shared_redis_server.url))
+    fired: list[float] = []
+
+    async def deadline() -> None:
+        await trio.sleep(1.0)
+        fired.append(trio.current_time())
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(deadline)
+            # BLPOP answers nil after 0.4 s of real time: eight autojump thresholds.
+            assert await client.call("BLPOP", "nothing-here", "0.4") is None
+            assert trio.current_time() == 0.0
+            assert fired == []
+        # Once no command is outstanding, the clock jumps again.
+        assert fired == [1.0]
+    finally:
+        await client.aclose()
